@@ -1,0 +1,83 @@
+"""The ``moesim`` command: a thin Click layer over the library API.
+
+Commands live one per module and load lazily, so ``moesim --help`` and simple
+commands start without importing numba. Every command module defines a Click
+command (or group) named ``command``. Errors a user can cause surface as one
+line on stderr and exit code 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from moesim import __version__
+from moesim.errors import MoesimError
+
+# name -> (module, one-line help shown in `moesim --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("moesim.cli.info", "Describe a trace: model, geometry, tokens, layout, provenance."),
+    "validate": ("moesim.cli.info", "Read a whole trace and check every row."),
+    "profile": ("moesim.cli.profile", "Routing statistics: reuse, working set, domains, gate weights."),
+    "synth": ("moesim.cli.synth", "Write a synthetic trace with a real model's geometry."),
+    "import": ("moesim.cli.importers", "Convert other tools' routing traces to moesim traces."),
+    "simulate": ("moesim.cli.simulate", "Replay a trace through one cache policy."),
+}
+
+
+class MoesimGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(COMMANDS[name][0])
+        cmd = getattr(module, "commands", {}).get(name) or module.command
+        return cmd
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except MoesimError as exc:
+            _fail(str(exc), 2)
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+            _fail(" ".join(exc.format_message().split()) + hint, 2)
+        except click.ClickException as exc:
+            _fail(" ".join(exc.format_message().split()), exc.exit_code)
+        except (click.Abort, KeyboardInterrupt):
+            _fail("interrupted", 130)
+        except BrokenPipeError:
+            sys.stderr.close()
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(message: str, code: int):
+    click.echo(f"moesim: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(cls=MoesimGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="moesim")
+def cli():
+    """moesim: replay MoE router traces through simulated expert caches.
+
+    Which expert-caching policy should an offloading engine run, for this
+    model, this GPU and this much VRAM? moesim answers from recorded router
+    logits in seconds.
+    """
+
+
+def main():
+    cli.main(prog_name="moesim")

@@ -1,0 +1,65 @@
+"""`moesim info` and `moesim validate`."""
+
+from __future__ import annotations
+
+import click
+
+from moesim.cli.output import FORMAT_OPTION, echo_json, echo_kv, human_bytes
+
+TRACE = click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
+
+
+@click.command("info")
+@TRACE
+@FORMAT_OPTION
+def info(trace, fmt):
+    """Describe TRACE: model, geometry, tokens, sequences, domains, phases,
+    layout, size on disk, synthetic or real, provenance. Reads only the
+    metadata and the key columns, so it is fast on a multi-GB trace."""
+    from moesim.traces.info import trace_info
+
+    d = trace_info(trace)
+    if fmt == "json":
+        echo_json(d)
+        return
+    echo_kv([
+        ("trace", d["path"]),
+        ("data", "SYNTHETIC (generated, not recorded from a model)" if d["synthetic"] else "real (recorded routing)"),
+        ("model", f"{d['model']} ({d['family']})"),
+        ("MoE layers", f"{d['moe_layers']} (original indices {_span(d['layer_indices'])})"),
+        ("dense layers", d["dense_layers"]),
+        ("experts", f"{d['experts']} routed, top-{d['top_k']}, {d['shared_experts']} shared"),
+        ("gating", f"{d['gating']}" + (", top-k renormalized" if d["norm_topk_prob"] else "")),
+        ("bytes/expert", {q: human_bytes(b) for q, b in d["bytes_per_expert"].items()}),
+        ("layout", f"{d['layout']} ({d['candidates_per_row']} scored experts per row)"),
+        ("columns", ["seq", "pos", "layer", "phase", *d["optional_columns"]]),
+        ("tokens", d["tokens"]),
+        ("sequences", d["sequences"]),
+        ("phases", d["phases"]),
+        ("domains", d["domains"]),
+        ("rows", f"{d['rows']} in {d['row_groups']} row group(s)"),
+        ("size", human_bytes(d["size_bytes"])),
+        ("tracer", d["tracer"]),
+        ("source", d["source"]),
+    ])
+
+
+def _span(xs):
+    if xs and xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2:
+        return f"{xs[0]}..{xs[-1]}"
+    return ", ".join(map(str, xs))
+
+
+@click.command("validate")
+@TRACE
+def validate(trace):
+    """Read every row of TRACE and check it (schema, ids, scores, completeness).
+    Prints one line and exits 0 when the trace is valid."""
+    from moesim.traces.routing import load_routing
+
+    r = load_routing(trace)
+    tag = "synthetic" if r.synthetic else "real"
+    click.echo(f"ok: {trace}: {r.n_tokens} tokens x {r.n_layers} MoE layers, top-{r.top_k} of {r.n_experts} ({tag})")
+
+
+commands = {"info": info, "validate": validate}

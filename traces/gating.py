@@ -1,0 +1,89 @@
+"""Router gating, vectorized over rows: rank candidates, select the top-k, weigh them.
+
+Conventions (README, "Replay semantics"): candidates are ranked by the score the
+router selects on (the logit; for sigmoid gating, sigmoid + selection bias),
+equal scores putting the lower expert id first. The k selected experts are
+ranked by their gate weight, ties again to the lower id; weights are normalized
+to sum to 1 over the k. For every softmax variant the normalized weights are the
+softmax over the k selected logits, whether or not the model renormalizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moesim.errors import MoesimError
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (np.tanh(0.5 * x) + 1.0)
+
+
+def rank_rows(ids: np.ndarray, scores: np.ndarray, ids_sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Sort each row by score descending, ties to the lower id. Returns (ids, scores)."""
+    if not ids_sorted:
+        by_id = np.argsort(ids, axis=1, kind="stable")
+        ids = np.take_along_axis(ids, by_id, axis=1)
+        scores = np.take_along_axis(scores, by_id, axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(scores, order, axis=1)
+
+
+def selection_scores(logits: np.ndarray, gating: str, bias_rows: np.ndarray | None) -> np.ndarray:
+    """The score the router takes its top-k on (float64)."""
+    s = np.asarray(logits, dtype=np.float64)
+    if gating == "sigmoid":
+        s = sigmoid(s)
+        if bias_rows is not None:
+            s = s + bias_rows
+    return s
+
+
+def group_limited_topk(scores: np.ndarray, k: int, n_group: int, topk_group: int) -> np.ndarray:
+    """DeepSeek-V3 selection on dense scores [n, E]: keep the ``topk_group`` groups
+    with the best sum of their top-2 scores, then take the top-k inside them."""
+    n, e = scores.shape
+    grouped = scores.reshape(n, n_group, e // n_group)
+    top2 = -np.sort(-grouped, axis=2)[:, :, : min(2, e // n_group)].sum(axis=2)
+    ids = np.broadcast_to(np.arange(n_group), top2.shape)
+    keep, _ = rank_rows(ids, top2)
+    mask = np.zeros((n, n_group), dtype=bool)
+    np.put_along_axis(mask, keep[:, :topk_group], True, axis=1)
+    masked = np.where(np.repeat(mask, e // n_group, axis=1), scores, -np.inf)
+    ranked, _ = rank_rows(np.broadcast_to(np.arange(e), (n, e)), masked)
+    return ranked[:, :k]
+
+
+def gate_weights(sel_logits: np.ndarray, gating: str) -> np.ndarray:
+    """Normalized gate weights of the selected experts from their raw logits."""
+    x = np.asarray(sel_logits, dtype=np.float64)
+    if gating == "sigmoid":
+        w = sigmoid(x)
+    else:
+        w = np.exp(x - x.max(axis=1, keepdims=True))
+    return normalize(w)
+
+
+def normalize(w: np.ndarray) -> np.ndarray:
+    w = np.asarray(w, dtype=np.float64)
+    total = w.sum(axis=1, keepdims=True)
+    if (total <= 0).any() or (w < 0).any():
+        raise MoesimError("gate weights must be non-negative with a positive sum over the k selected experts")
+    return w / total
+
+
+def order_selected(sel: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rank the selected experts: highest weight first, ties to the lower id."""
+    return rank_rows(sel, w)
+
+
+def lookup(cand_ids: np.ndarray, cand_vals: np.ndarray, want: np.ndarray, dense: bool = False
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Values of ``want`` ids [n, k] within candidate rows [n, M]; second result: found mask.
+    ``dense``: the candidate rows are all E experts in id order."""
+    if dense:
+        return np.take_along_axis(cand_vals, want, axis=1), np.ones(want.shape, dtype=bool)
+    match = cand_ids[:, None, :] == want[:, :, None]
+    found = match.any(axis=2)
+    idx = match.argmax(axis=2)
+    return np.take_along_axis(cand_vals, idx, axis=1), found
