@@ -19,13 +19,28 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (np.tanh(0.5 * x) + 1.0)
 
 
+def rank_order(ids: np.ndarray, scores: np.ndarray, ids_sorted: bool = False) -> np.ndarray:
+    """Per row, the permutation that sorts by score descending, equal scores lower id first.
+
+    One stable sort by score is exact when the ids of a row are ascending; otherwise
+    only rows holding equal scores need the id tie-break, and ties are rare, so
+    those rows alone get the second (full) sort."""
+    order = np.argsort(-scores, axis=1, kind="stable")
+    if ids_sorted or scores.shape[1] < 2:
+        return order
+    srt = np.take_along_axis(scores, order, axis=1)
+    tied = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
+    if tied.size:
+        sub_ids, sub_scores = ids[tied], scores[tied]
+        by_id = np.argsort(sub_ids, axis=1, kind="stable")
+        by_score = np.argsort(-np.take_along_axis(sub_scores, by_id, axis=1), axis=1, kind="stable")
+        order[tied] = np.take_along_axis(by_id, by_score, axis=1)
+    return order
+
+
 def rank_rows(ids: np.ndarray, scores: np.ndarray, ids_sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Sort each row by score descending, ties to the lower id. Returns (ids, scores)."""
-    if not ids_sorted:
-        by_id = np.argsort(ids, axis=1, kind="stable")
-        ids = np.take_along_axis(ids, by_id, axis=1)
-        scores = np.take_along_axis(scores, by_id, axis=1)
-    order = np.argsort(-scores, axis=1, kind="stable")
+    order = rank_order(ids, scores, ids_sorted)
     return np.take_along_axis(ids, order, axis=1), np.take_along_axis(scores, order, axis=1)
 
 

@@ -11,18 +11,29 @@ from moesim.traces.reader import TraceFile
 
 
 def trace_info(path: str | os.PathLike | TraceFile) -> dict:
-    """Model, geometry, size and provenance of a trace, without decoding its scores."""
+    """Model, geometry, size and provenance of a trace, without decoding its scores.
+
+    It reads the metadata and the key columns (seq, pos, layer, phase, domain,
+    token: ~10 bytes a row) and checks the key structure (known layers, no
+    duplicate rows, every token has every MoE layer). It does not read the score
+    columns, so NaN scores or out-of-range expert ids are found by
+    ``validate_trace`` (``moesim validate``), not here.
+    """
     tf = path if isinstance(path, TraceFile) else TraceFile(path)
     m = tf.meta
     keys = tf.read_keys()
-    token_key = (keys.seq << 32) | keys.pos
-    uniq, first = np.unique(token_key, return_index=True)
-    phases = {PHASES[int(c)]: int(n) for c, n in zip(*np.unique(keys.phase[first], return_counts=True))}
+    idx = tf.index_keys(keys)
+    first = idx.tok_rows
+    counts_layout = m.layout == "counts"
+    phases = {}
+    for code, n in zip(*np.unique(keys.phase[first], return_counts=True)):
+        phases["all (whole request)" if code < 0 else PHASES[int(code)]] = int(n)
     domains = {}
     if keys.domain is not None:
         codes, counts = np.unique(keys.domain[first], return_counts=True)
         domains = {(keys.domain_names[c] if c >= 0 else None): int(n) for c, n in zip(codes.tolist(), counts)}
-    optional = [c for c in ("domain", "token", "selected", "weights") if c in tf.columns]
+    optional = [c for c in ("phase", "domain", "token", "selected", "weights")
+                if c in tf.columns and not (c == "phase" and not counts_layout)]
     return {
         "path": str(tf.path),
         "model": m.model_id,
@@ -40,15 +51,18 @@ def trace_info(path: str | os.PathLike | TraceFile) -> dict:
         "bytes_per_expert": dict(m.bytes_per_expert),
         "layout": m.layout,
         "candidates_per_row": m.n_candidates,
+        "columns": list(tf.columns),
         "optional_columns": optional,
         "frequency_only": bool(m.frequency_only),
         "rows": tf.num_rows,
         "row_groups": tf.num_row_groups,
-        "tokens": int(len(uniq)),
+        "tokens": None if counts_layout else idx.n_tokens,
+        "requests": idx.n_tokens if counts_layout else None,
         "sequences": int(len(np.unique(keys.seq))),
         "phases": phases,
         "domains": domains,
         "size_bytes": tf.size_bytes,
+        "scores_checked": False,
         "tracer": dict(m.tracer),
         "source": dict(m.source),
     }

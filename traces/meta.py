@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ SCHEMA_VERSION = 1
 METADATA_KEY = b"moesim"
 
 GATINGS = ("softmax", "softmax_topk", "sigmoid")
-LAYOUTS = ("dense", "sparse")
+LAYOUTS = ("dense", "sparse", "counts")
 PHASES = ("prefill", "decode")
 
 
@@ -30,6 +31,11 @@ class TraceMeta:
     of the logits, softmax over those k: Mixtral, gpt-oss) or ``sigmoid``
     (DeepSeek-V3: selection by sigmoid + ``selection_bias``, optionally
     group-limited by ``n_group``/``topk_group``).
+
+    ``layout``: ``dense`` (all E logits per row), ``sparse`` (the M best
+    logits plus the log-sum-exp over all E) or ``counts`` (a frequency-only
+    trace: per (request, layer) row, how often each expert was selected, no
+    time order; ``frequency_only`` must then be true).
     """
 
     model_id: str
@@ -55,14 +61,21 @@ class TraceMeta:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self):
+        for name in _INT_FIELDS:
+            object.__setattr__(self, name, _as_int(getattr(self, name), name))
+        for name in ("moe_layers", "dense_layers"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+                raise MoesimError(f"trace metadata field {name} must be a list of layer indices, got {value!r}")
+            object.__setattr__(self, name, tuple(_as_int(x, name) for x in value))
         if self.layout == "dense" and self.n_candidates == 0:
             object.__setattr__(self, "n_candidates", self.n_experts)
-        object.__setattr__(self, "moe_layers", tuple(int(x) for x in self.moe_layers))
-        object.__setattr__(self, "dense_layers", tuple(int(x) for x in self.dense_layers))
         if self.selection_bias is not None:
-            object.__setattr__(
-                self, "selection_bias", tuple(tuple(float(v) for v in row) for row in self.selection_bias)
-            )
+            try:
+                rows = tuple(tuple(float(v) for v in row) for row in self.selection_bias)
+            except (TypeError, ValueError):
+                raise MoesimError("selection_bias must be a list of E numbers per MoE layer") from None
+            object.__setattr__(self, "selection_bias", rows)
         self.check()
 
     @property
@@ -75,10 +88,24 @@ class TraceMeta:
             raise MoesimError(
                 f"unsupported trace schema version {self.schema_version!r} (this moesim reads version {SCHEMA_VERSION})"
             )
-        if not isinstance(self.n_experts, int) or self.n_experts < 1 or self.n_experts > 32767:
+        for name in ("model_id", "family"):
+            if not isinstance(getattr(self, name), str):
+                raise MoesimError(f"trace metadata field {name} must be a string, got {getattr(self, name)!r}")
+        for name in ("norm_topk_prob", "synthetic", "frequency_only"):
+            if not isinstance(getattr(self, name), bool):
+                raise MoesimError(f"trace metadata field {name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("tracer", "source", "bytes_per_expert"):
+            if not isinstance(getattr(self, name), dict):
+                raise MoesimError(f"trace metadata field {name} must be a JSON object, got {getattr(self, name)!r}")
+        for quant, size in self.bytes_per_expert.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise MoesimError(f"bytes_per_expert[{quant!r}] must be a non-negative integer, got {size!r}")
+        if self.n_experts < 1 or self.n_experts > 32767:
             raise MoesimError(f"number of experts E must be an integer in 1..32767, got {self.n_experts!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 1 or self.top_k > self.n_experts:
+        if self.top_k < 1 or self.top_k > self.n_experts:
             raise MoesimError(f"top-k must be an integer in 1..E={self.n_experts}, got k={self.top_k!r}")
+        if self.n_shared_experts < 0:
+            raise MoesimError(f"n_shared_experts must be >= 0, got {self.n_shared_experts}")
         if self.gating not in GATINGS:
             raise MoesimError(f"unknown gating function {self.gating!r} (expected one of {', '.join(GATINGS)})")
         if self.layout not in LAYOUTS:
@@ -87,6 +114,10 @@ class TraceMeta:
             raise MoesimError("trace metadata lists no MoE layers")
         if len(set(self.moe_layers)) != len(self.moe_layers) or any(x < 0 for x in self.moe_layers):
             raise MoesimError("MoE layer indices must be distinct and non-negative")
+        if any(x > 32767 for x in self.moe_layers):
+            raise MoesimError("MoE layer indices must fit the int16 layer column (<= 32767)")
+        if set(self.dense_layers) & set(self.moe_layers):
+            raise MoesimError("a layer cannot be both dense and MoE (dense_layers overlaps moe_layers)")
         if self.layout == "dense" and self.n_candidates != self.n_experts:
             raise MoesimError("a dense trace scores all E experts (n_candidates must equal E)")
         if self.layout == "sparse" and not (self.top_k <= self.n_candidates <= self.n_experts):
@@ -94,6 +125,11 @@ class TraceMeta:
                 f"a sparse trace needs k <= M <= E candidates per row, got M={self.n_candidates}, "
                 f"k={self.top_k}, E={self.n_experts}"
             )
+        if (self.layout == "counts") != self.frequency_only:
+            raise MoesimError("the counts layout and frequency_only: true go together (a frequency-only trace "
+                              "stores expert counts, an ordered trace stores scores)")
+        if self.layout == "counts" and self.n_candidates != 0:
+            raise MoesimError("a counts trace scores no candidates (n_candidates must be 0)")
         if self.selection_bias is not None:
             if len(self.selection_bias) != self.n_layers or any(len(r) != self.n_experts for r in self.selection_bias):
                 raise MoesimError("selection_bias must hold E values for each MoE layer")
@@ -101,8 +137,11 @@ class TraceMeta:
                 raise MoesimError("selection_bias holds NaN or infinite values")
         if self.n_group < 1 or self.n_experts % self.n_group or not (1 <= self.topk_group <= self.n_group):
             raise MoesimError("n_group must divide E and 1 <= topk_group <= n_group")
-        if not math.isfinite(self.routed_scaling_factor):
-            raise MoesimError("routed_scaling_factor must be finite")
+        if self.n_group > 1 and self.top_k > self.topk_group * (self.n_experts // self.n_group):
+            raise MoesimError("group-limited routing keeps fewer experts (topk_group x E/n_group) than top-k")
+        rsf = self.routed_scaling_factor
+        if isinstance(rsf, bool) or not isinstance(rsf, (int, float)) or not math.isfinite(rsf):
+            raise MoesimError(f"routed_scaling_factor must be a finite number, got {rsf!r}")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -134,8 +173,21 @@ class TraceMeta:
             kwargs["source"] = src
         try:
             return cls(**kwargs)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise MoesimError(f"trace metadata is malformed ({exc})") from None
 
     def replace(self, **changes) -> TraceMeta:
         return dataclasses.replace(self, **changes)
+
+
+_INT_FIELDS = ("n_experts", "top_k", "n_candidates", "n_shared_experts", "n_group", "topk_group", "schema_version")
+
+
+def _as_int(value, name: str) -> int:
+    """Accept Python and numpy integers; refuse bools, floats and strings (a 6.5-expert top-k is a bug)."""
+    if isinstance(value, bool):
+        raise MoesimError(f"trace metadata field {name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise MoesimError(f"trace metadata field {name} must be an integer, got {value!r}") from None

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from moesim.errors import MoesimError
 from moesim.traces.meta import METADATA_KEY, PHASES, TraceMeta
-from moesim.traces.schema import DENSE_COLUMNS, REQUIRED_COLUMNS, SPARSE_COLUMNS
+from moesim.traces.schema import required_columns
 
 _INT_TYPES = {"seq": pa.int32(), "pos": pa.int32(), "layer": pa.int16(), "lse": pa.float32(), "token": pa.int32()}
 
@@ -27,15 +27,27 @@ class Keys:
     seq: np.ndarray
     pos: np.ndarray
     layer: np.ndarray
-    phase: np.ndarray  # int8 codes into PHASES
+    phase: np.ndarray  # int8 codes into PHASES; -1: not given (counts traces only: the whole request)
     domain: np.ndarray | None  # int16 codes into domain_names, -1 where null
     domain_names: list[str]
     token: np.ndarray | None
 
 
+@dataclass
+class KeyIndex:
+    """Where each row goes once tokens are ordered by (seq, pos): row i fills slot
+    ``target[i]`` = token * L + layer ordinal; ``tok_rows[t]`` is one row of token t."""
+
+    target: np.ndarray
+    tok_rows: np.ndarray
+    n_tokens: int
+
+
 class TraceFile:
     """A trace on disk. Opening it checks the file, the schema and the metadata;
-    the rows are read only on demand, one row group at a time."""
+    the rows are read only on demand, streamed in batches of ``batch_rows``."""
+
+    batch_rows = 65536
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -44,7 +56,7 @@ class TraceFile:
         if self.path.is_dir():
             raise MoesimError(f"{self.path}: is a directory, not a trace file")
         try:
-            self._pf = pq.ParquetFile(self.path)
+            self._pf = pq.ParquetFile(self.path, page_checksum_verification=True)
             schema = self._pf.schema_arrow
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise MoesimError(f"{self.path}: not a Parquet file, or truncated ({_short(exc)})") from None
@@ -63,23 +75,30 @@ class TraceFile:
 
     def _check_columns(self) -> None:
         names = set(self.schema.names)
-        layout_cols = DENSE_COLUMNS if self.meta.layout == "dense" else SPARSE_COLUMNS
-        missing = [c for c in (*REQUIRED_COLUMNS, *layout_cols) if c not in names]
+        missing = [c for c in required_columns(self.meta) if c not in names]
         if missing:
             raise MoesimError(f"{self.path}: missing column(s) {', '.join(missing)} for a {self.meta.layout} trace")
         m, k, e = self.meta.n_candidates, self.meta.top_k, self.meta.n_experts
-        widths = {"logits": e, "top_ids": m, "top_logits": m, "selected": k, "weights": k}
+        widths = {"logits": e, "top_ids": m, "top_logits": m, "selected": k, "weights": k, "counts": e}
+        integral = {"top_ids", "selected", "counts"}
         for name, width in widths.items():
             if name not in names:
                 continue
             t = self.schema.field(name).type
             size = t.list_size if pa.types.is_fixed_size_list(t) else None
-            if size != width or not (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
-                raise MoesimError(f"{self.path}: column {name} must be a fixed-size list of {width} numbers, found {t}")
+            ok = size is not None and (pa.types.is_integer(t.value_type) if name in integral
+                                       else pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type))
+            if size != width or not ok:
+                kind = "integers" if name in integral else "numbers"
+                raise MoesimError(f"{self.path}: column {name} must be a fixed-size list of {width} {kind}, found {t}")
         for name, want in _INT_TYPES.items():
             if name in names and not (pa.types.is_integer(self.schema.field(name).type)
                                       or pa.types.is_floating(self.schema.field(name).type)):
                 raise MoesimError(f"{self.path}: column {name} must be numeric ({want}), found {self.schema.field(name).type}")
+        if self.meta.layout == "counts":
+            extra = [c for c in ("selected", "weights", "logits", "top_ids", "top_logits") if c in names]
+            if extra:
+                raise MoesimError(f"{self.path}: a counts (frequency-only) trace cannot have column(s) {', '.join(extra)}")
         for name in ("phase", "domain"):
             if name in names:
                 t = self.schema.field(name).type
@@ -106,18 +125,21 @@ class TraceFile:
         with open(self.path, "rb") as f:
             return hashlib.file_digest(f, "blake2b").hexdigest()[:32]
 
-    def iter_batches(self, columns: list[str], batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
-        """Stream the given columns, a row group at a time, in file order."""
+    def iter_batches(self, columns: list[str], batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Stream the given columns in file order, ``batch_rows`` (default ``self.batch_rows``)
+        rows at a time; a huge row group written by another tool is not loaded whole."""
         try:
+            # One row group at a time: iter_batches over the whole file reads ahead across groups.
             for i in range(self._pf.num_row_groups):
-                table = self._pf.read_row_group(i, columns=columns)
-                yield from table.to_batches(max_chunksize=batch_rows)
-        except (pa.ArrowException, OSError) as exc:
-            raise MoesimError(f"{self.path}: unreadable row data, the file may be truncated ({_short(exc)})") from None
+                yield from self._pf.iter_batches(batch_size=batch_rows or self.batch_rows, columns=columns,
+                                                 row_groups=[i])
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise MoesimError(f"{self.path}: unreadable row data, the file is damaged or truncated "
+                              f"({_short(exc)})") from None
 
     def read_keys(self) -> Keys:
         """The per-row keys of the whole trace, streamed; score columns are not read."""
-        cols = ["seq", "pos", "layer", "phase"] + [c for c in ("domain", "token") if c in self.schema.names]
+        cols = ["seq", "pos", "layer"] + [c for c in ("phase", "domain", "token") if c in self.schema.names]
         parts: dict[str, list] = {c: [] for c in cols}
         for batch in self.iter_batches(cols):
             for c in cols:
@@ -125,14 +147,17 @@ class TraceFile:
         seq = _ints(parts["seq"], np.int64, "seq", self.path)
         pos = _ints(parts["pos"], np.int64, "pos", self.path)
         layer = _ints(parts["layer"], np.int64, "layer", self.path)
-        phase_codes, phase_names = _strings(parts["phase"])
-        if None in phase_names or (phase_codes < 0).any():
-            raise MoesimError(f"{self.path}: column phase has missing values")
-        bad = sorted(set(phase_names) - set(PHASES))
-        if bad:
-            raise MoesimError(f"{self.path}: unknown phase {bad[0]!r} (expected prefill or decode)")
-        phase_map = np.array([PHASES.index(n) for n in phase_names] or [0], dtype=np.int8)
-        phase = phase_map[phase_codes]
+        if "phase" in parts:
+            phase_codes, phase_names = _strings(parts["phase"])
+            if None in phase_names or (phase_codes < 0).any():
+                raise MoesimError(f"{self.path}: column phase has missing values")
+            bad = sorted(set(phase_names) - set(PHASES))
+            if bad:
+                raise MoesimError(f"{self.path}: unknown phase {bad[0]!r} (expected prefill or decode)")
+            phase_map = np.array([PHASES.index(n) for n in phase_names] or [0], dtype=np.int8)
+            phase = phase_map[phase_codes]
+        else:
+            phase = np.full(len(seq), -1, dtype=np.int8)
         domain, domain_names = None, []
         if "domain" in parts:
             codes, names = _strings(parts["domain"])
@@ -140,9 +165,58 @@ class TraceFile:
             remap = np.array([domain_names.index(n) if n is not None else -1 for n in names] + [-1], dtype=np.int16)
             domain = remap[codes]
         token = _ints(parts["token"], np.int64, "token", self.path, nulls=-1) if "token" in parts else None
-        if (seq < 0).any() or (pos < 0).any():
-            raise MoesimError(f"{self.path}: seq and pos must be non-negative")
+        if (seq < 0).any() or (pos < 0).any() or (seq > _I32).any() or (pos > _I32).any():
+            raise MoesimError(f"{self.path}: seq and pos must be non-negative 32-bit integers")
+        if self.meta.layout == "counts" and (pos != 0).any():
+            raise MoesimError(f"{self.path}: a counts trace has one row per (request, layer): pos must be 0")
         return Keys(seq, pos, layer, phase, domain, domain_names, token)
+
+    def index_keys(self, keys: Keys) -> KeyIndex:
+        """Order tokens by (seq, pos) and check the key structure: every layer is one of
+        the metadata's MoE layers, every token has each of them exactly once, and the
+        rows of one token agree on its phase, domain and token id."""
+        meta = self.meta
+        L = meta.n_layers
+        lut_size = max(max(meta.moe_layers), int(keys.layer.max(initial=0))) + 1
+        lut = np.full(lut_size, -1, dtype=np.int64)
+        lut[list(meta.moe_layers)] = np.arange(L)
+        bad = (keys.layer < 0) | (lut[np.clip(keys.layer, 0, lut_size - 1)] < 0)
+        if bad.any():
+            raise MoesimError(f"{self.path}: layer {int(keys.layer[bad][0])} is not one of the MoE layers the "
+                              f"metadata lists ({_layers(meta.moe_layers)})")
+        ordinal = lut[keys.layer]
+        token_key = (keys.seq << 32) | keys.pos
+        uniq, inverse = np.unique(token_key, return_inverse=True)
+        T = len(uniq)
+        target = inverse * L + ordinal
+        counts = np.bincount(target, minlength=T * L)
+        what = "request" if meta.layout == "counts" else "token"
+        if (counts > 1).any():
+            slot = int(np.argmax(counts > 1))
+            s, p = divmod(int(uniq[slot // L]), 1 << 32)
+            raise MoesimError(f"{self.path}: duplicate rows for (seq={s}, pos={p}, layer={meta.moe_layers[slot % L]})")
+        if (counts == 0).any():
+            slot = int(np.argmax(counts == 0))
+            s, p = divmod(int(uniq[slot // L]), 1 << 32)
+            missing = int(((counts.reshape(T, L) == 0).sum(axis=1) > 0).sum())
+            raise MoesimError(f"{self.path}: {what} (seq={s}, pos={p}) lacks layer {meta.moe_layers[slot % L]} "
+                              f"({missing} {what}(s) miss some MoE layers)")
+        tok_rows = np.empty(T, dtype=np.int64)
+        tok_rows[inverse] = np.arange(len(inverse))
+        for name, values in (("phase", keys.phase), ("domain", keys.domain), ("token", keys.token)):
+            if values is not None and (values != values[tok_rows][inverse]).any():
+                i = int(np.argmax(values != values[tok_rows][inverse]))
+                raise MoesimError(f"{self.path}: the rows of token (seq={int(keys.seq[i])}, pos={int(keys.pos[i])}) "
+                                  f"disagree on its {name}")
+        return KeyIndex(target, tok_rows, T)
+
+
+_I32 = 2**31 - 1
+
+
+def _layers(layers) -> str:
+    s = ", ".join(map(str, layers[:8]))
+    return s + (", ..." if len(layers) > 8 else "")
 
 
 def _short(exc: Exception) -> str:

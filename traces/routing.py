@@ -89,33 +89,59 @@ def decode(tf: TraceFile, *, candidates: int | None = None) -> Routing:
     if meta.frequency_only:
         raise MoesimError(f"{tf.path}: a frequency-only trace (expert counts without time order) cannot be decoded "
                           "into routing steps; 'moesim profile' reads it, replay needs an ordered trace")
-    L, k, E = meta.n_layers, meta.top_k, meta.n_experts
+    L, k = meta.n_layers, meta.top_k
     M = meta.n_candidates if candidates is None else int(candidates)
     if not (k <= M <= meta.n_candidates):
         raise MoesimError(f"candidates must be between k={k} and the {meta.n_candidates} the trace stores, got {M}")
     keys = tf.read_keys()
-    target, tok_rows, T = _row_targets(tf, keys)
+    idx = tf.index_keys(keys)
+    T = idx.n_tokens
 
     sel = np.empty((T * L, k), dtype=np.int16)
     w = np.empty((T * L, k), dtype=np.float32)
     cand = np.empty((T * L, M), dtype=np.int16)
+    for rows, ranked, s_ord, w_ord in _decoded_batches(tf, idx.target % L):
+        tgt = idx.target[rows]
+        cand[tgt] = ranked[:, :M]
+        sel[tgt] = s_ord
+        w[tgt] = w_ord
+
+    tok = idx.tok_rows
+    return Routing(
+        meta=meta,
+        seq=keys.seq[tok].astype(np.int32),
+        pos=keys.pos[tok].astype(np.int32),
+        phase=keys.phase[tok].astype(np.int8),
+        domain=(keys.domain[tok] if keys.domain is not None else np.full(T, -1)).astype(np.int16),
+        domain_names=keys.domain_names,
+        token=keys.token[tok].astype(np.int32) if keys.token is not None else None,
+        sel=sel.reshape(T, L, k),
+        w=w.reshape(T, L, k),
+        cand=cand.reshape(T, L, M),
+        digest=tf.digest,
+        path=tf.path,
+    )
+
+
+def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
+    """Decode the score columns a row group at a time. Yields (row slice, candidates
+    ranked by selection score [n, M], selected [n, k] in rank order, their normalized
+    weights [n, k]). Only one batch of scores is in memory at a time."""
+    meta = tf.meta
+    k, E = meta.top_k, meta.n_experts
+    dense = meta.layout == "dense"
     bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
-    layer_ord = target % L
-    cols = ["logits"] if meta.layout == "dense" else ["top_ids", "top_logits", "lse"]
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
-    cols += ["selected"] * has_sel + ["weights"] * has_w
+    cols = (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
     start = 0
     for batch in tf.iter_batches(cols):
         n = batch.num_rows
         rows = slice(start, start + n)
-        tgt = target[rows]
         ids, vals = _scores(batch, meta, tf.path)
-        bias_rows = None
-        if bias is not None:
-            bias_rows = bias[layer_ord[rows][:, None], ids.astype(np.int64)]
+        bias_rows = bias[layer_ord[rows][:, None], ids] if bias is not None else None
         score = gating.selection_scores(vals, meta.gating, bias_rows)
-        ranked_ids, _ = gating.rank_rows(ids, score, ids_sorted=meta.layout == "dense")
-        cand[tgt] = ranked_ids[:, :M]
+        order = gating.rank_order(ids, score, ids_sorted=dense)
+        ranked_ids = np.take_along_axis(ids, order, axis=1)
         if has_sel:
             s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
             _check_ids(s, E, "selected", tf.path)
@@ -128,86 +154,95 @@ def decode(tf: TraceFile, *, candidates: int | None = None) -> Routing:
                 except MoesimError as exc:
                     raise MoesimError(f"{tf.path}: {exc}") from None
             else:
-                sel_logits, found = gating.lookup(ids, vals, s, dense=meta.layout == "dense")
+                sel_logits, found = gating.lookup(ids, vals, s, dense=dense)
                 if not found.all():
                     raise MoesimError(f"{tf.path}: a selected expert is not among the row's scored candidates and "
                                       "the trace stores no weights to weigh it")
                 ww = gating.gate_weights(sel_logits, meta.gating)
         else:
             if meta.gating == "sigmoid" and meta.n_group > 1:
-                if meta.layout != "dense":
+                if not dense:
                     raise MoesimError(f"{tf.path}: group-limited sigmoid routing needs dense logits or a "
                                       "'selected' column")
                 s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
+                sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
             else:
-                s = ranked_ids[:, :k].astype(np.int64)
-            sel_logits, _ = gating.lookup(ids, vals, s, dense=meta.layout == "dense")
+                s = ranked_ids[:, :k]
+                sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
             ww = gating.gate_weights(sel_logits, meta.gating)
         s_ord, w_ord = gating.order_selected(s, ww)
-        sel[tgt] = s_ord
-        w[tgt] = w_ord
+        yield rows, ranked_ids, s_ord, w_ord
         start += n
 
-    shape = (T, L)
-    return Routing(
-        meta=meta,
-        seq=keys.seq[tok_rows].astype(np.int32),
-        pos=keys.pos[tok_rows].astype(np.int32),
-        phase=keys.phase[tok_rows].astype(np.int8),
-        domain=(keys.domain[tok_rows] if keys.domain is not None else np.full(T, -1)).astype(np.int16),
-        domain_names=keys.domain_names,
-        token=keys.token[tok_rows].astype(np.int32) if keys.token is not None else None,
-        sel=sel.reshape(*shape, k),
-        w=w.reshape(*shape, k),
-        cand=cand.reshape(*shape, M),
-        digest=tf.digest,
-        path=tf.path,
-    )
 
-
-def _row_targets(tf: TraceFile, keys) -> tuple[np.ndarray, np.ndarray, int]:
-    """Map each row to its slot token * L + layer ordinal; check that every token
-    has each MoE layer exactly once. Returns (targets, one row per token, T)."""
+def validate_trace(path: str | os.PathLike | TraceFile) -> dict:
+    """Read every row and check it, streaming (memory: the key columns plus one row
+    group of scores). Returns a short summary; raises MoesimError on the first problem."""
+    tf = path if isinstance(path, TraceFile) else TraceFile(path)
+    keys = tf.read_keys()
+    idx = tf.index_keys(keys)
     meta = tf.meta
-    L = meta.n_layers
-    lut_size = max(max(meta.moe_layers), int(keys.layer.max(initial=0))) + 1
-    lut = np.full(lut_size, -1, dtype=np.int64)
-    lut[list(meta.moe_layers)] = np.arange(L)
-    bad = (keys.layer < 0) | (lut[np.clip(keys.layer, 0, lut_size - 1)] < 0)
-    if bad.any():
-        raise MoesimError(f"{tf.path}: layer {int(keys.layer[bad][0])} is not one of the MoE layers the metadata "
-                          f"lists ({_layers(meta.moe_layers)})")
-    ordinal = lut[keys.layer]
-    token_key = (keys.seq << 32) | keys.pos
-    uniq, inverse = np.unique(token_key, return_inverse=True)
-    T = len(uniq)
-    target = inverse * L + ordinal
-    counts = np.bincount(target, minlength=T * L)
-    if (counts > 1).any():
-        slot = int(np.argmax(counts > 1))
-        s, p = divmod(int(uniq[slot // L]), 1 << 32)
-        raise MoesimError(f"{tf.path}: duplicate rows for (seq={s}, pos={p}, layer={meta.moe_layers[slot % L]})")
-    if (counts == 0).any():
-        slot = int(np.argmax(counts == 0))
-        s, p = divmod(int(uniq[slot // L]), 1 << 32)
-        missing = int(((counts.reshape(T, L) == 0).sum(axis=1) > 0).sum())
-        raise MoesimError(f"{tf.path}: token (seq={s}, pos={p}) lacks layer {meta.moe_layers[slot % L]} "
-                          f"({missing} token(s) miss some MoE layers)")
-    tok_rows = np.empty(T, dtype=np.int64)
-    tok_rows[inverse] = np.arange(len(inverse))
-    return target, tok_rows, T
+    if meta.layout == "counts":
+        counts = _layer_counts_from_counts(tf, idx)
+        return {"tokens": None, "requests": idx.n_tokens, "layers": meta.n_layers,
+                "steps": int(counts.sum()) // meta.top_k, "frequency_only": True}
+    for _ in _decoded_batches(tf, idx.target % meta.n_layers):
+        pass
+    return {"tokens": idx.n_tokens, "requests": None, "layers": meta.n_layers,
+            "steps": idx.n_tokens * meta.n_layers, "frequency_only": False}
 
 
-def _layers(layers) -> str:
-    s = ", ".join(map(str, layers[:8]))
-    return s + (", ..." if len(layers) > 8 else "")
+def expert_counts(trace: str | os.PathLike | TraceFile | Routing) -> np.ndarray:
+    """How often each expert was selected, per MoE layer: int64 [L, E], layer axis in
+    ``meta.moe_layers`` order. Works on ordered traces (the selected experts of every
+    step, as decoded) and on frequency-only (counts) traces alike; a file is streamed a
+    row group at a time. For layer l, ``counts[l].sum() / k`` is its number of steps."""
+    if isinstance(trace, Routing):
+        L, E = trace.n_layers, trace.n_experts
+        flat = (np.arange(L)[None, :, None] * E + trace.sel.astype(np.int64)).reshape(-1)
+        return np.bincount(flat, minlength=L * E).reshape(L, E)
+    tf = trace if isinstance(trace, TraceFile) else TraceFile(trace)
+    idx = tf.index_keys(tf.read_keys())
+    if tf.meta.layout == "counts":
+        return _layer_counts_from_counts(tf, idx)
+    L, E = tf.meta.n_layers, tf.meta.n_experts
+    layer_ord = idx.target % L
+    out = np.zeros(L * E, dtype=np.int64)
+    for rows, _, s_ord, _ in _decoded_batches(tf, layer_ord):
+        out += np.bincount((layer_ord[rows][:, None] * E + s_ord).reshape(-1), minlength=L * E)
+    return out.reshape(L, E)
+
+
+def _layer_counts_from_counts(tf: TraceFile, idx) -> np.ndarray:
+    meta = tf.meta
+    L, E, k = meta.n_layers, meta.n_experts, meta.top_k
+    layer_ord = idx.target % L
+    out = np.zeros((L, E), dtype=np.int64)
+    start = 0
+    for batch in tf.iter_batches(["counts"]):
+        n = batch.num_rows
+        c = _fixed(batch.column("counts"), E, np.int64, "counts", tf.path)
+        if (c < 0).any():
+            raise MoesimError(f"{tf.path}: column counts holds negative counts")
+        bad = c.sum(axis=1) % k != 0
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise MoesimError(f"{tf.path}: counts row {start + i} sums to {int(c[i].sum())} selections, "
+                              f"not a multiple of k={k} (each routed token selects k experts)")
+        np.add.at(out, layer_ord[start:start + n], c)
+        start += n
+    if out.sum() == 0:
+        raise MoesimError(f"{tf.path}: every expert count is zero (no routed tokens)")
+    return out
 
 
 def _fixed(col: pa.Array, width: int, dtype, name: str, path: Path) -> np.ndarray:
     flat = col.flatten()
     if col.null_count or flat.null_count or len(flat) != len(col) * width:
         raise MoesimError(f"{path}: column {name} has missing values")
-    return flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(len(col), width)
+    # Corrupt float data can hold signalling NaNs, whose cast warns; they are rejected right after.
+    with np.errstate(invalid="ignore"):
+        return flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(len(col), width)
 
 
 def _check_ids(ids: np.ndarray, E: int, name: str, path: Path) -> None:
@@ -229,14 +264,24 @@ def _scores(batch: pa.RecordBatch, meta: TraceMeta, path: Path) -> tuple[np.ndar
         ids = _fixed(batch.column("top_ids"), meta.n_candidates, np.int64, "top_ids", path)
         vals = _fixed(batch.column("top_logits"), meta.n_candidates, np.float64, "top_logits", path)
         lse = batch.column("lse")
-        if lse.null_count or not np.isfinite(lse.to_numpy(zero_copy_only=False)).all():
+        with np.errstate(invalid="ignore"):
+            lse_np = lse.to_numpy(zero_copy_only=False).astype(np.float64) if not lse.null_count else None
+        if lse_np is None or not np.isfinite(lse_np).all():
             raise MoesimError(f"{path}: column lse holds NaN, infinite or missing values")
         name = "top_logits"
     if not np.isfinite(vals).all():
         raise MoesimError(f"{path}: column {name} holds NaN or infinite scores")
     if meta.layout == "sparse":
+        # The log-sum-exp over all E logits is at least the largest of them (float32 slack).
+        top = vals.max(axis=1)
+        low = lse_np < top - 1e-4 * np.maximum(1.0, np.abs(top))
+        if low.any():
+            i = int(np.argmax(low))
+            raise MoesimError(f"{path}: lse {lse_np[i]:.6g} is below the row's largest logit {top[i]:.6g}; "
+                              "lse must be the log-sum-exp over all E logits")
+    if meta.layout == "sparse":
         _check_ids(ids, meta.n_experts, "top_ids", path)
     return ids, vals
 
 
-__all__ = ["Routing", "load_routing", "decode", "PHASES"]
+__all__ = ["Routing", "load_routing", "decode", "validate_trace", "expert_counts", "PHASES"]

@@ -38,14 +38,23 @@ class TraceWriter:
 
     def __init__(self, path: str | os.PathLike, meta: TraceMeta, *, domains: list[str] | None = None,
                  token: bool = False, selected: bool = False, weights: bool = False,
-                 row_group_size: int = DEFAULT_ROW_GROUP):
+                 row_group_size: int = DEFAULT_ROW_GROUP, phase: bool = True):
         self.path = Path(path)
         self.meta = meta
         self.domains = list(domains) if domains else None
+        if weights and not selected:
+            raise MoesimError("a trace with a weights column needs the selected column too")
+        if meta.layout == "counts" and (selected or weights or token):
+            raise MoesimError("a counts (frequency-only) trace has no selected, weights or token columns")
+        if row_group_size < 1:
+            raise MoesimError(f"row_group_size must be >= 1, got {row_group_size}")
         self.has_token, self.has_selected, self.has_weights = token, selected, weights
+        self.has_phase = phase or meta.layout != "counts"
         self.schema = arrow_schema(meta, domain=self.domains is not None, token=token,
-                                   selected=selected, weights=weights)
+                                   selected=selected, weights=weights, phase=self.has_phase)
         self.row_group_size = row_group_size
+        self._layer_ok = np.zeros(max(meta.moe_layers) + 1, dtype=bool)
+        self._layer_ok[list(meta.moe_layers)] = True
         self._buf: list[pa.RecordBatch] = []
         self._buffered = 0
         self.rows_written = 0
@@ -54,43 +63,112 @@ class TraceWriter:
         self._pq = pq.ParquetWriter(
             self._tmp, self.schema, compression="zstd", compression_level=9,
             use_dictionary=["phase", "domain"], write_statistics=["seq", "pos", "layer"],
+            # CRC32 per page: damaged bytes in incompressible float data would otherwise decode silently
+            write_page_checksum=True,
             use_byte_stream_split=[c for c in ("logits", "top_logits", "lse", "weights")
                                    if c in self.schema.names],
         )
 
     def write(self, *, seq, pos, layer, phase="decode", logits=None, top_ids=None, top_logits=None, lse=None,
-              domain=None, token=None, selected=None, weights=None) -> None:
+              counts=None, domain=None, token=None, selected=None, weights=None) -> None:
         """Append rows. ``phase``/``domain`` are a name for all rows or an array of names
-        (``domain`` names must be among the writer's ``domains``)."""
-        seq = np.asarray(seq, dtype=np.int32).reshape(-1)
+        (``domain`` names must be among the writer's ``domains``). Cheap checks run here
+        (lengths, layers, expert ids, finite scores) so a tracer bug fails at the source."""
+        seq = np.asarray(seq).reshape(-1)
         n = len(seq)
+        layout = self.meta.layout
+        given = {"logits": logits, "top_ids": top_ids, "top_logits": top_logits, "lse": lse, "counts": counts,
+                 "token": token, "selected": selected, "weights": weights}
+        wanted = {"dense": {"logits"}, "sparse": {"top_ids", "top_logits", "lse"}, "counts": {"counts"}}[layout]
+        wanted |= {name for name, on in (("token", self.has_token), ("selected", self.has_selected),
+                                         ("weights", self.has_weights)) if on}
+        for name, value in given.items():
+            if value is None and name in wanted:
+                raise MoesimError(f"write() needs {name} for this trace ({layout} layout)")
+            if value is not None and name not in wanted:
+                raise MoesimError(f"write() got {name}, which this writer does not store ({layout} layout"
+                                  + ("" if name in {"logits", "top_ids", "top_logits", "lse", "counts"}
+                                     else f"; open the writer with {name}=True") + ")")
         cols = {
-            "seq": pa.array(seq),
-            "pos": pa.array(np.broadcast_to(np.asarray(pos, dtype=np.int32), (n,))),
-            "layer": pa.array(np.broadcast_to(np.asarray(layer, dtype=np.int16), (n,))),
-            "phase": _dictionary(self._codes(phase, list(PHASES), n, "phase"), list(PHASES), pa.int8()),
+            "seq": pa.array(self._ints(seq, n, "seq", np.int32)),
+            "pos": pa.array(self._ints(pos, n, "pos", np.int32)),
+            "layer": pa.array(self._layers(layer, n)),
         }
+        if self.has_phase:
+            cols["phase"] = _dictionary(self._codes(phase, list(PHASES), n, "phase"), list(PHASES), pa.int8())
         if self.domains is not None:
             cols["domain"] = _dictionary(self._codes(domain, self.domains, n, "domain"), self.domains, pa.int16())
         elif domain is not None:
             raise MoesimError("this writer was opened without domains")
         if self.has_token:
-            cols["token"] = pa.array(np.broadcast_to(np.asarray(token, dtype=np.int32), (n,)))
-        if self.meta.layout == "dense":
-            cols["logits"] = _fixed_list(logits, self.meta.n_experts, np.float32)
+            cols["token"] = pa.array(self._ints(token, n, "token", np.int32, minimum=None))
+        E = self.meta.n_experts
+        if layout == "dense":
+            cols["logits"] = _fixed_list(self._finite(logits, n, "logits"), E, np.float32)
+        elif layout == "sparse":
+            cols["top_ids"] = _fixed_list(self._ids(top_ids, n, "top_ids"), self.meta.n_candidates, np.int16)
+            cols["top_logits"] = _fixed_list(self._finite(top_logits, n, "top_logits"), self.meta.n_candidates,
+                                             np.float32)
+            cols["lse"] = pa.array(self._broadcast(self._finite(lse, None, "lse").astype(np.float32), n, "lse"))
         else:
-            cols["top_ids"] = _fixed_list(top_ids, self.meta.n_candidates, np.int16)
-            cols["top_logits"] = _fixed_list(top_logits, self.meta.n_candidates, np.float32)
-            cols["lse"] = pa.array(np.broadcast_to(np.asarray(lse, dtype=np.float32), (n,)))
+            c = np.asarray(counts)
+            if c.ndim != 2 or c.shape[0] != n or (c.size and (c.dtype.kind not in "iu" or c.min() < 0)):
+                raise MoesimError(f"counts must be non-negative integers, one row of E={E} per row")
+            cols["counts"] = _fixed_list(c, E, np.int32)
         if self.has_selected:
-            cols["selected"] = _fixed_list(selected, self.meta.top_k, np.int16)
+            cols["selected"] = _fixed_list(self._ids(selected, n, "selected"), self.meta.top_k, np.int16)
         if self.has_weights:
-            cols["weights"] = _fixed_list(weights, self.meta.top_k, np.float32)
+            cols["weights"] = _fixed_list(self._finite(weights, n, "weights"), self.meta.top_k, np.float32)
         batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
         self._buf.append(batch)
         self._buffered += n
         if self._buffered >= self.row_group_size:
             self._flush()
+
+    @staticmethod
+    def _ints(values, n: int, what: str, dtype, minimum: int | None = 0) -> np.ndarray:
+        a = np.asarray(values)
+        if a.size and a.dtype.kind not in "iu":
+            raise MoesimError(f"{what} must be integers, got {a.dtype}")
+        a = TraceWriter._broadcast(a, n, what)
+        info = np.iinfo(dtype)
+        if a.size and (a.min() < (info.min if minimum is None else minimum) or a.max() > info.max):
+            raise MoesimError(f"{what} out of range ({int(a.min())}..{int(a.max())})")
+        return a.astype(dtype)
+
+    @staticmethod
+    def _broadcast(a: np.ndarray, n: int, what: str) -> np.ndarray:
+        if a.ndim > 1 or (a.ndim == 1 and len(a) not in (1, n)):
+            raise MoesimError(f"{what} has {a.size} values for {n} rows")
+        return np.broadcast_to(a.reshape(-1), (n,))
+
+    def _layers(self, layer, n: int) -> np.ndarray:
+        a = self._ints(layer, n, "layer", np.int16)
+        bad = a[(a >= len(self._layer_ok)) | ~self._layer_ok[np.minimum(a, len(self._layer_ok) - 1)]] \
+            if a.size else a
+        if bad.size:
+            raise MoesimError(f"layer {int(bad[0])} is not one of the MoE layers in the metadata")
+        return a
+
+    def _ids(self, ids, n: int, what: str) -> np.ndarray:
+        a = np.asarray(ids)
+        if a.ndim != 2 or a.shape[0] != n:
+            raise MoesimError(f"{what} must have one row per trace row ({n}), got shape {a.shape}")
+        if a.size and a.dtype.kind not in "iu":
+            raise MoesimError(f"{what} must be integer expert ids, got {a.dtype}")
+        if a.size and (a.min() < 0 or a.max() >= self.meta.n_experts):
+            raise MoesimError(f"{what} holds expert ids outside 0..{self.meta.n_experts - 1}")
+        return a
+
+    @staticmethod
+    def _finite(values, n: int | None, what: str) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            a = np.asarray(values, dtype=np.float64)
+        if n is not None and (a.ndim != 2 or a.shape[0] != n):
+            raise MoesimError(f"{what} must have one row per trace row ({n}), got shape {a.shape}")
+        if not np.isfinite(a).all():
+            raise MoesimError(f"{what} holds NaN or infinite values")
+        return a
 
     @staticmethod
     def _codes(values, names: list[str], n: int, what: str) -> np.ndarray:
@@ -101,10 +179,14 @@ class TraceWriter:
             if values not in lookup:
                 raise MoesimError(f"unknown {what} {values!r} (expected one of {', '.join(names)})")
             return np.full(n, lookup[values], dtype=np.int64)
-        try:
-            return np.fromiter((lookup[v] for v in values), dtype=np.int64, count=n)
-        except KeyError as exc:
-            raise MoesimError(f"unknown {what} {exc.args[0]!r} (expected one of {', '.join(names)})") from None
+        arr = np.asarray(values, dtype=object).reshape(-1)
+        if len(arr) != n:
+            raise MoesimError(f"{what} has {len(arr)} values for {n} rows")
+        uniq, inverse = np.unique(arr.astype(str), return_inverse=True)
+        missing = [u for u in uniq.tolist() if u not in lookup]
+        if missing:
+            raise MoesimError(f"unknown {what} {missing[0]!r} (expected one of {', '.join(names)})")
+        return np.array([lookup[u] for u in uniq.tolist()], dtype=np.int64)[inverse]
 
     def _flush(self) -> None:
         if not self._buf:
@@ -116,6 +198,9 @@ class TraceWriter:
 
     def close(self) -> Path:
         self._flush()
+        if self.rows_written == 0:
+            self.abort()
+            raise MoesimError(f"{self.path}: no rows were written; an empty trace is not published")
         self._pq.close()
         os.replace(self._tmp, self.path)
         return self.path

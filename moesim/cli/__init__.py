@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("moesim.cli.synth", "Write a synthetic trace with a real model's geometry."),
     "import": ("moesim.cli.importers", "Convert other tools' routing traces to moesim traces."),
     "simulate": ("moesim.cli.simulate", "Replay a trace through one cache policy."),
+    "trace": ("moesim.cli.trace", "Record router logits from a real model (transformers or llama.cpp)."),
+    "hw": ("moesim.cli.hw", "Hardware presets: list and show tiers, bandwidths and their sources."),
+    "models": ("moesim.cli.models", "Model presets: geometry, parameters, bytes per expert and per token."),
+    "estimate": ("moesim.cli.estimate", "Analytic seconds per token for a model on a machine, no trace needed."),
 }
 
 

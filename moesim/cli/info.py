@@ -14,8 +14,12 @@ TRACE = click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
 @FORMAT_OPTION
 def info(trace, fmt):
     """Describe TRACE: model, geometry, tokens, sequences, domains, phases,
-    layout, size on disk, synthetic or real, provenance. Reads only the
-    metadata and the key columns, so it is fast on a multi-GB trace."""
+    layout, size on disk, synthetic or real, provenance.
+
+    Reads only the metadata and the key columns, so it is fast on a multi-GB
+    trace; it checks the file, the metadata and the key structure (layers,
+    duplicates, missing layers) but not the scores: run 'moesim validate' for
+    that."""
     from moesim.traces.info import trace_info
 
     d = trace_info(trace)
@@ -31,9 +35,10 @@ def info(trace, fmt):
         ("experts", f"{d['experts']} routed, top-{d['top_k']}, {d['shared_experts']} shared"),
         ("gating", f"{d['gating']}" + (", top-k renormalized" if d["norm_topk_prob"] else "")),
         ("bytes/expert", {q: human_bytes(b) for q, b in d["bytes_per_expert"].items()}),
-        ("layout", f"{d['layout']} ({d['candidates_per_row']} scored experts per row)"),
-        ("columns", ["seq", "pos", "layer", "phase", *d["optional_columns"]]),
-        ("tokens", d["tokens"]),
+        ("layout", _layout(d)),
+        ("columns", d["columns"]),
+        ("tokens", d["tokens"] if not d["frequency_only"]
+         else f"n/a (frequency-only: expert counts of {d['requests']} requests, no time order)"),
         ("sequences", d["sequences"]),
         ("phases", d["phases"]),
         ("domains", d["domains"]),
@@ -41,7 +46,14 @@ def info(trace, fmt):
         ("size", human_bytes(d["size_bytes"])),
         ("tracer", d["tracer"]),
         ("source", d["source"]),
+        ("checked", "file, metadata and key structure; scores not read (run 'moesim validate')"),
     ])
+
+
+def _layout(d):
+    if d["layout"] == "counts":
+        return "counts (per request and layer, how often each expert was selected)"
+    return f"{d['layout']} ({d['candidates_per_row']} scored experts per row)"
 
 
 def _span(xs):
@@ -53,13 +65,19 @@ def _span(xs):
 @click.command("validate")
 @TRACE
 def validate(trace):
-    """Read every row of TRACE and check it (schema, ids, scores, completeness).
-    Prints one line and exits 0 when the trace is valid."""
-    from moesim.traces.routing import load_routing
+    """Read every row of TRACE and check it (schema, keys, expert ids, scores,
+    weights), a row group at a time. Prints one line and exits 0 when the trace
+    is valid; otherwise one error line and exit code 2."""
+    from moesim.traces.reader import TraceFile
+    from moesim.traces.routing import validate_trace
 
-    r = load_routing(trace)
-    tag = "synthetic" if r.synthetic else "real"
-    click.echo(f"ok: {trace}: {r.n_tokens} tokens x {r.n_layers} MoE layers, top-{r.top_k} of {r.n_experts} ({tag})")
+    tf = TraceFile(trace)
+    v = validate_trace(tf)
+    m = tf.meta
+    tag = "synthetic" if m.synthetic else "real"
+    what = (f"{v['tokens']} tokens" if not v["frequency_only"]
+            else f"frequency-only, {v['requests']} requests, {v['steps']} routed steps")
+    click.echo(f"ok: {trace}: {what} x {m.n_layers} MoE layers, top-{m.top_k} of {m.n_experts} ({tag})")
 
 
 commands = {"info": info, "validate": validate}

@@ -1,0 +1,296 @@
+"""Hardware presets: memory tiers, the host-to-GPU link, NVMe and CPU expert throughput, read from the TOML files in
+presets/hardware/ (or a user's TOML file) and validated.
+
+Units in the files: capacities in GiB (2**30 B), bandwidths in GB/s (1e9 B/s, as spec sheets state them),
+latencies in microseconds, compute in TFLOP/s. Units in the objects: bytes, bytes/s, seconds, FLOP/s.
+Every tier's effective bandwidth is ``spec_gb_s * efficiency`` or a measured ``effective_gb_s``; the ``sources``
+sub-table of each tier says where each number comes from (spec sheet, measured, derived, assumed).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from moesim.errors import MoesimError
+
+GIB = 2 ** 30
+GB = 1e9
+
+# PCIe transfer rate per lane (GT/s) and line-code efficiency, by generation (PCI-SIG base specifications).
+PCIE_GT_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+PCIE_ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}
+PCIE_LANES = (1, 2, 4, 8, 16)
+# The machine class of the substitution study; commands that need a machine and get none use it.
+DEFAULT_HARDWARE = "rtx3090-pcie4"
+
+_TABLES = {
+    "gpu": {"name", "fp16_tflops", "compute_efficiency"},
+    "vram": {"capacity_gib", "reserved_gib", "spec_gb_s", "efficiency", "effective_gb_s", "latency_us"},
+    "ram": {"capacity_gib", "reserved_gib", "spec_gb_s", "efficiency", "effective_gb_s", "latency_us"},
+    "link": {"kind", "pcie_gen", "lanes", "pinned_efficiency", "pageable_efficiency", "latency_us", "use_pinned"},
+    "nvme": {"capacity_gib", "spec_gb_s", "efficiency", "effective_gb_s", "latency_us"},
+    "cpu": {"name", "expert_gb_s", "latency_us"},
+}
+_TOP = {"name", "description", "source"} | set(_TABLES)
+_REQUIRED = {
+    "gpu": ("fp16_tflops", "compute_efficiency"),
+    "vram": ("capacity_gib", "reserved_gib", "latency_us"),
+    "ram": ("capacity_gib", "reserved_gib", "latency_us"),
+    "link": ("kind", "latency_us"),
+    "nvme": ("latency_us",),
+    "cpu": ("expert_gb_s",),
+}
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One memory or storage tier: usable capacity and effective bandwidth."""
+    capacity: float  # bytes
+    reserved: float  # bytes not available for weights (driver, OS, buffers, KV cache)
+    bandwidth: float  # effective bytes/s
+    spec_bandwidth: float  # bytes/s on the spec sheet (0 if not published)
+    latency: float  # seconds per access/transfer
+
+    @property
+    def usable(self) -> float:
+        return max(0.0, self.capacity - self.reserved)
+
+
+@dataclass(frozen=True)
+class Link:
+    """The host-to-GPU copy path. ``kind = "unified"``: GPU and CPU share one memory, nothing is copied."""
+    kind: str
+    pcie_gen: int
+    lanes: int
+    raw_bandwidth: float  # bytes/s per direction after line coding
+    pinned_bandwidth: float
+    pageable_bandwidth: float
+    latency: float
+    use_pinned: bool
+
+    @property
+    def bandwidth(self) -> float:
+        if self.kind == "unified":
+            return math.inf
+        return self.pinned_bandwidth if self.use_pinned else self.pageable_bandwidth
+
+
+@dataclass(frozen=True)
+class HardwarePreset:
+    name: str
+    description: str
+    source: str
+    gpu_name: str
+    gpu_flops: float  # effective FLOP/s for prefill (spec x compute_efficiency)
+    vram: Tier
+    ram: Tier
+    link: Link
+    nvme: Tier
+    cpu_name: str
+    cpu_expert_bandwidth: float  # bytes/s of expert weights the CPU streams and computes on
+    cpu_latency: float
+    path: str = ""
+    doc: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def unified(self) -> bool:
+        return self.link.kind == "unified"
+
+    def summary(self) -> dict:
+        """Plain data: the effective numbers plus the file's own values and sources."""
+        return {
+            "name": self.name, "description": self.description, "source": self.source, "path": self.path,
+            "unified_memory": self.unified,
+            "effective": {
+                "vram_gib": self.vram.capacity / GIB, "vram_usable_gib": self.vram.usable / GIB,
+                "vram_gb_s": self.vram.bandwidth / GB, "ram_gib": self.ram.capacity / GIB,
+                "ram_usable_gib": self.ram.usable / GIB, "ram_gb_s": self.ram.bandwidth / GB,
+                "link": self.link_label(), "link_raw_gb_s": _finite(self.link.raw_bandwidth / GB),
+                "link_pinned_gb_s": _finite(self.link.pinned_bandwidth / GB),
+                "link_pageable_gb_s": _finite(self.link.pageable_bandwidth / GB),
+                "link_gb_s": _finite(self.link.bandwidth / GB), "link_latency_us": self.link.latency * 1e6,
+                "nvme_gb_s": self.nvme.bandwidth / GB, "nvme_latency_us": self.nvme.latency * 1e6,
+                "cpu_expert_gb_s": self.cpu_expert_bandwidth / GB, "gpu_tflops_effective": self.gpu_flops / 1e12,
+            },
+            "file": self.doc,
+        }
+
+    def link_label(self) -> str:
+        if self.unified:
+            return "unified memory (no copy)"
+        return f"PCIe {self.link.pcie_gen}.0 x{self.link.lanes} ({'pinned' if self.link.use_pinned else 'pageable'})"
+
+
+def _finite(x: float):
+    return x if math.isfinite(x) else None
+
+
+def _preset_dir() -> Path:
+    return Path(str(resources.files("moesim.costmodel") / "presets" / "hardware"))
+
+
+def hardware_names() -> list[str]:
+    return sorted(p.stem for p in _preset_dir().glob("*.toml"))
+
+
+def hardware_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or "/" in str(name_or_path):
+        if not path.is_file():
+            raise MoesimError(f"hardware preset file not found: {name_or_path}")
+        return path
+    path = _preset_dir() / f"{name_or_path}.toml"
+    if not path.exists():
+        raise MoesimError(f"unknown hardware preset {name_or_path!r} (known: {', '.join(hardware_names())})")
+    return path
+
+
+def load_hardware(name_or_path: str | HardwarePreset) -> HardwarePreset:
+    """A hardware preset by name (``moesim hw list``) or from a TOML file path; errors are one clear line."""
+    if isinstance(name_or_path, HardwarePreset):
+        return name_or_path
+    path = hardware_path(str(name_or_path))
+    try:
+        doc = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
+    return _parse(doc, path)
+
+
+def _parse(doc: dict, path: Path) -> HardwarePreset:
+    where = f"hardware preset {path}"
+
+    def bad(msg):
+        raise MoesimError(f"{where}: {msg}")
+
+    for key in doc:
+        if key not in _TOP:
+            bad(f"unknown key {key!r} (known: {', '.join(sorted(_TOP))})")
+    for key in ("name", *_TABLES):
+        if key not in doc:
+            bad(f"missing {'table [' + key + ']' if key in _TABLES else 'key ' + repr(key)}")
+    if not isinstance(doc["name"], str) or not doc["name"]:
+        bad("name must be a non-empty string")
+    for table, allowed in _TABLES.items():
+        t = doc[table]
+        if not isinstance(t, dict):
+            bad(f"{table} must be a table")
+        for key, value in t.items():
+            if key == "sources":
+                if not isinstance(value, dict):
+                    bad(f"[{table}] sources must be a table")
+                for skey, sval in value.items():
+                    if skey not in allowed:
+                        bad(f"[{table}.sources] names unknown key {skey!r}")
+                    if not isinstance(sval, str):
+                        bad(f"[{table}.sources] {skey} must be a string")
+                continue
+            if key not in allowed:
+                bad(f"unknown key {key!r} in [{table}] (known: {', '.join(sorted(allowed))})")
+        for key in _REQUIRED[table]:
+            if key not in t:
+                bad(f"missing key {key!r} in [{table}]")
+
+    def num(table, key, *, positive=False, default=None, at_most=None):
+        t = doc[table]
+        if key not in t:
+            if default is None:
+                bad(f"missing key {key!r} in [{table}]")
+            return default
+        v = t[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            bad(f"[{table}] {key} must be a number (got {v!r})")
+        if v < 0 or (positive and v == 0):
+            bad(f"[{table}] {key} must be {'> 0' if positive else '>= 0'} (got {v})")
+        if at_most is not None and v > at_most:
+            bad(f"[{table}] {key} must be <= {at_most} (got {v})")
+        return float(v)
+
+    def bandwidth(table) -> tuple[float, float]:
+        t = doc[table]
+        spec = num(table, "spec_gb_s", positive=True, default=0.0) if "spec_gb_s" in t else 0.0
+        if "effective_gb_s" in t and "efficiency" in t:
+            bad(f"[{table}] give either efficiency or effective_gb_s, not both")
+        if "effective_gb_s" in t:
+            eff = num(table, "effective_gb_s", positive=True)
+            if spec and eff > spec:
+                bad(f"[{table}] effective_gb_s ({eff}) exceeds spec_gb_s ({spec})")
+            return eff * GB, spec * GB
+        if "efficiency" not in t:
+            bad(f"[{table}] needs efficiency (with spec_gb_s) or effective_gb_s")
+        if not spec:
+            bad(f"[{table}] efficiency needs spec_gb_s")
+        e = num(table, "efficiency", positive=True, at_most=1.0)
+        return spec * e * GB, spec * GB
+
+    def tier(table, with_capacity=True) -> Tier:
+        bw, spec = bandwidth(table)
+        has_cap = with_capacity or "capacity_gib" in doc[table]
+        cap = num(table, "capacity_gib", positive=True) if has_cap else 0.0
+        reserved = num(table, "reserved_gib", default=0.0)
+        if has_cap and reserved >= cap:
+            bad(f"[{table}] reserved_gib ({reserved}) must be below capacity_gib ({cap})")
+        return Tier(capacity=cap * GIB, reserved=reserved * GIB, bandwidth=bw, spec_bandwidth=spec,
+                    latency=num(table, "latency_us") * 1e-6)
+
+    vram, ram = tier("vram"), tier("ram")
+    nvme = tier("nvme", with_capacity=False)
+
+    lt = doc["link"]
+    kind = lt["kind"]
+    if kind not in ("pcie", "unified"):
+        bad(f"[link] kind must be 'pcie' or 'unified' (got {kind!r})")
+    use_pinned = lt.get("use_pinned", True)
+    if not isinstance(use_pinned, bool):
+        bad(f"[link] use_pinned must be true or false (got {use_pinned!r})")
+    if kind == "pcie":
+        for key in ("pcie_gen", "lanes", "pinned_efficiency", "pageable_efficiency"):
+            if key not in lt:
+                bad(f"missing key {key!r} in [link] (needed for kind = 'pcie')")
+        gen, lanes = lt["pcie_gen"], lt["lanes"]
+        if gen not in PCIE_GT_S or isinstance(gen, bool):
+            bad(f"[link] pcie_gen must be one of {', '.join(map(str, PCIE_GT_S))} (got {gen!r})")
+        if lanes not in PCIE_LANES or isinstance(lanes, bool):
+            bad(f"[link] lanes must be one of {', '.join(map(str, PCIE_LANES))} (got {lanes!r})")
+        raw = PCIE_GT_S[gen] * lanes * PCIE_ENCODING[gen] / 8 * GB
+        pinned = raw * num("link", "pinned_efficiency", positive=True, at_most=1.0)
+        pageable = raw * num("link", "pageable_efficiency", positive=True, at_most=1.0)
+        if pageable > pinned:
+            bad("[link] pageable_efficiency exceeds pinned_efficiency (pageable copies go through a bounce buffer)")
+    else:
+        gen = lanes = 0
+        raw = pinned = pageable = math.inf
+        if vram.capacity > ram.capacity:
+            bad("[vram] capacity_gib exceeds [ram] capacity_gib on a unified-memory machine (one shared pool)")
+    link = Link(kind=kind, pcie_gen=int(gen), lanes=int(lanes), raw_bandwidth=raw, pinned_bandwidth=pinned,
+                pageable_bandwidth=pageable, latency=num("link", "latency_us") * 1e-6, use_pinned=use_pinned)
+
+    cpu_bw = num("cpu", "expert_gb_s", positive=True) * GB
+    if cpu_bw > ram.bandwidth * (1 + 1e-9):
+        bad(f"[cpu] expert_gb_s ({cpu_bw / GB:g}) exceeds the effective [ram] bandwidth ({ram.bandwidth / GB:g} GB/s):"
+            " the CPU cannot stream expert weights faster than host memory delivers them")
+    flops = num("gpu", "fp16_tflops", positive=True) * num("gpu", "compute_efficiency", positive=True, at_most=1.0)
+    return HardwarePreset(
+        name=str(doc["name"]), description=str(doc.get("description", "")), source=str(doc.get("source", "")),
+        gpu_name=str(doc["gpu"].get("name", "")), gpu_flops=flops * 1e12, vram=vram, ram=ram, link=link, nvme=nvme,
+        cpu_name=str(doc["cpu"].get("name", "")), cpu_expert_bandwidth=cpu_bw,
+        cpu_latency=num("cpu", "latency_us", default=0.0) * 1e-6, path=str(path), doc=doc,
+    )
+
+
+def missing_sources(hw: HardwarePreset) -> list[str]:
+    """Numbers in the file that no ``sources`` entry explains (shipped presets must have none)."""
+    out = []
+    for table in _TABLES:
+        t = hw.doc.get(table, {})
+        src = t.get("sources", {})
+        for key, value in t.items():
+            if key in ("sources", "name", "kind", "use_pinned"):
+                continue
+            if isinstance(value, (int, float)) and key not in src:
+                out.append(f"{table}.{key}")
+    return out

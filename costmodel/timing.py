@@ -1,0 +1,365 @@
+"""The analytic time model: seconds per decode step from bytes moved through each tier.
+
+Decode is bandwidth-bound: every operation is costed as (per-transfer latency) + bytes / (effective bandwidth of the
+path it takes). ``cost_params`` turns (model, quantization, hardware) into plain floats (``CostParams``) that a replay
+kernel multiplies by its counts; ``estimate`` is the trace-free what-if built on the same numbers. docs/costmodel.md
+gives the equations and what is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from moesim.costmodel.hardware import GIB, HardwarePreset, load_hardware
+from moesim.costmodel.models import ModelPreset, load_model
+from moesim.errors import MoesimError
+
+DENSE_PLACEMENTS = ("auto", "vram", "ram", "nvme")
+MISS_MODES = ("fetch", "cpu")
+
+# Order of the float fields a numba kernel receives (``CostParams.kernel_tuple``).
+KERNEL_FIELDS = ("s_dense", "s_dense_per_seq", "s_expert_vram", "s_fetch_ram", "s_fetch_nvme", "s_nvme_read",
+                 "s_expert_cpu", "s_expert_cpu_nvme", "s_copy_link", "s_copy_nvme")
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Seconds per operation for one (model, quantization, hardware). All times in seconds, sizes in bytes.
+
+    Per decode step (one token of each of ``batch`` sequences, all MoE layers), a replay adds:
+
+    - ``s_dense`` once, plus ``s_dense_per_seq`` for each sequence beyond the first (dense weights are read once per
+      step; the embedding row and the KV/recurrent state are read per sequence);
+    - ``s_expert_vram`` for every expert run on the GPU (hits, substitutes, and fetched experts after their copy);
+    - ``s_fetch_ram`` for each synchronous copy host RAM -> VRAM (latency + bytes / link bandwidth), or
+      ``s_fetch_nvme`` when the expert is not in host RAM either (NVMe -> VRAM, chunk-pipelined through host
+      memory: both latencies + bytes / the slower of NVMe and link); both exclude the compute;
+    - ``s_expert_cpu`` for each expert computed on the CPU from host RAM, ``s_expert_cpu_nvme`` when it must first be
+      read from NVMe;
+    - background copies occupy the link for ``s_copy_link`` (from host RAM) or ``s_copy_nvme`` (from NVMe); a
+      synchronous fetch issued while the link is busy waits for it (the replay kernel keeps that clock).
+
+    ``s_nvme_read`` is NVMe -> host RAM alone (admission into a host-RAM tier). On a unified-memory machine nothing
+    is copied: ``s_fetch_ram = s_copy_link = 0`` and ``s_fetch_nvme = s_nvme_read``.
+    ``vram_expert_slots`` / ``ram_expert_slots``: how many experts fit in VRAM after the dense weights and the
+    reserve, and in host RAM beyond those (tiers exclusive; 0 means none).
+    """
+
+    model: str
+    quant: str
+    hw: str
+    n_moe_layers: int
+    n_experts: int
+    top_k: int
+    bytes_per_expert: float
+    dense_bytes: float  # non-expert bytes one decoded token reads at batch 1 (weights + embedding row + state)
+    dense_weight_bytes: float  # dense weights read once per step whatever the batch
+    dense_seq_bytes: float  # per sequence per step: embedding row + KV / recurrent state at ``context``
+    dense_placement: str  # vram | split | ram | nvme
+    dense_vram_fraction: float  # fraction of the dense weights held in VRAM
+    context: int
+    s_dense: float
+    s_dense_per_seq: float
+    s_expert_vram: float
+    s_fetch_ram: float
+    s_fetch_nvme: float
+    s_nvme_read: float
+    s_expert_cpu: float
+    s_expert_cpu_nvme: float
+    s_copy_link: float
+    s_copy_nvme: float
+    vram_expert_slots: int
+    ram_expert_slots: int
+    unified: bool
+    flops_per_token: float  # 2 x active non-embedding parameters: matmul FLOPs of one token
+    attn_flops_per_ctx_token: float  # extra FLOPs per token per earlier token in the context (QK^T and AV)
+    gpu_flops: float  # effective FLOP/s of the GPU
+    link_bandwidth: float  # bytes/s (inf on unified memory)
+    nvme_bandwidth: float
+
+    def kernel_tuple(self) -> tuple[float, ...]:
+        """The float fields in KERNEL_FIELDS order, for a numba kernel."""
+        return tuple(float(getattr(self, f)) for f in KERNEL_FIELDS)
+
+    def step_seconds(self, n_gpu: float, n_fetch_ram: float = 0, n_fetch_nvme: float = 0, n_cpu_ram: float = 0,
+                     n_cpu_nvme: float = 0, batch: int = 1) -> float:
+        """One decode step without link contention: ``n_gpu`` counts every expert run on the GPU (including the
+        fetched ones), the other counts are the copies and CPU-computed experts of the step."""
+        return (self.s_dense + (batch - 1) * self.s_dense_per_seq + n_gpu * self.s_expert_vram
+                + n_fetch_ram * self.s_fetch_ram + n_fetch_nvme * self.s_fetch_nvme
+                + n_cpu_ram * self.s_expert_cpu + n_cpu_nvme * self.s_expert_cpu_nvme)
+
+    def decode_compute_floor(self, batch: int = 1) -> float:
+        """Seconds the GPU needs for the matmul FLOPs of one step at this batch (decode is memory-bound unless this
+        exceeds the memory time)."""
+        return batch * (self.flops_per_token + self.attn_flops_per_ctx_token * self.context) / self.gpu_flops
+
+    def prefill_seconds(self, n_tokens: int, n_gpu: float, n_fetch_ram: float = 0, n_fetch_nvme: float = 0) -> float:
+        """A prompt of ``n_tokens`` processed as one batch: the larger of its compute time (matmul FLOPs plus causal
+        attention over the prompt, at the GPU's effective FLOP/s) and its memory time (dense weights once, each
+        distinct expert of the prompt read once: ``n_gpu`` experts from VRAM, the rest copied first)."""
+        flops = n_tokens * self.flops_per_token + self.attn_flops_per_ctx_token * n_tokens * (n_tokens - 1) / 2
+        compute = flops / self.gpu_flops
+        memory = (self.s_dense + n_gpu * self.s_expert_vram + n_fetch_ram * self.s_fetch_ram
+                  + n_fetch_nvme * self.s_fetch_nvme)
+        return max(compute, memory)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _resolve(model, quant, hw) -> tuple[ModelPreset, str, HardwarePreset]:
+    m = model if isinstance(model, ModelPreset) else load_model(str(model))
+    h = load_hardware(hw)
+    quant = quant or m.native_quant
+    m.bytes_per_expert(quant)  # validates the quantization name
+    m.dense_bytes_per_token(quant)
+    return m, quant, h
+
+
+def _attn_flops_per_ctx_token(m: ModelPreset) -> float:
+    a = m.attention
+    kind = a.get("kind", "gqa")
+    if kind == "mla":
+        per_layer = 2 * a["n_heads"] * (a["qk_nope_head_dim"] + a["qk_rope_head_dim"]) + 2 * a["n_heads"] * a["v_head_dim"]
+        return per_layer * m.n_layers
+    n_full = sum(1 for i in range(m.n_layers) if m._is_full_attention(i))
+    return 4.0 * a["n_heads"] * a["head_dim"] * n_full
+
+
+def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = "auto", batch: int = 1) -> CostParams:
+    """Per-operation seconds for ``model`` (preset, name or TOML path) at ``quant`` (default: the model's native
+    format) on ``hw`` (preset, name or TOML path).
+
+    ``dense`` places the non-expert weights: ``auto`` = VRAM if they fit after the reserve (else the part that fits,
+    the rest computed by the CPU from host RAM, as llama.cpp's partial ``-ngl`` does), ``vram``, ``ram`` (CPU
+    computes them from host RAM) or ``nvme`` (streamed from NVMe every token: nothing cached). ``context`` is the
+    number of earlier tokens whose KV cache each decoded token reads (0: not counted); ``batch`` sequences keep their
+    own KV cache in VRAM when the dense part is there.
+    """
+    m, quant, h = _resolve(model, quant, hw)
+    if dense not in DENSE_PLACEMENTS:
+        raise MoesimError(f"unknown dense placement {dense!r} (known: {', '.join(DENSE_PLACEMENTS)})")
+    if context < 0 or batch < 1:
+        raise MoesimError("context must be >= 0 and batch >= 1")
+    bpe = float(m.bytes_per_expert(quant))
+    groups = m.dense_bytes_by_group(quant)
+    weights = float(m.dense_resident_bytes(quant))
+    state = float(m.kv_read_bytes(context))
+    seq_bytes = groups["embed_row"] + state
+
+    vram_bw, cpu_bw, nvme_bw = h.vram.bandwidth, h.cpu_expert_bandwidth, h.nvme.bandwidth
+    link_bw = h.link.bandwidth
+    vram_free = h.vram.usable - state * batch
+    if dense == "auto":
+        frac = 1.0 if weights <= vram_free else max(0.0, vram_free / weights)
+        placement = "vram" if frac >= 1.0 else ("split" if frac > 0 else "ram")
+    else:
+        placement, frac = dense, (1.0 if dense == "vram" else 0.0)
+        if dense == "vram" and weights > vram_free:
+            raise MoesimError(f"dense weights ({weights / GIB:.1f} GiB) do not fit in the usable VRAM of {h.name} "
+                              f"({max(vram_free, 0) / GIB:.1f} GiB); use --dense auto or ram")
+    on_gpu, off_gpu = weights * frac, weights * (1 - frac)
+    if placement == "nvme":
+        s_dense_weights = h.nvme.latency + weights / min(nvme_bw, cpu_bw)
+    else:
+        s_dense_weights = on_gpu / vram_bw + off_gpu / cpu_bw
+    # The embedding row is a host lookup; the KV / recurrent state lives with the attention weights.
+    state_bw = vram_bw if frac >= 1.0 else cpu_bw
+    s_seq = groups["embed_row"] / h.ram.bandwidth + state / state_bw
+    s_dense = s_dense_weights + s_seq
+
+    vram_left = max(0.0, h.vram.usable - on_gpu - state * batch)
+    total_experts = m.n_moe_layers * m.n_experts
+    vram_slots = min(total_experts, int(vram_left // bpe))
+    ram_left = h.ram.usable - m.embedding_table_bytes(quant) - (off_gpu if placement in ("split", "ram") else 0.0)
+    if h.unified:  # one pool: the GPU's wired part is already counted in [ram]
+        ram_left -= h.vram.capacity
+    ram_slots = min(total_experts - vram_slots, max(0, int(ram_left // bpe)))
+
+    unified = h.unified
+    s_expert_vram = h.vram.latency + bpe / vram_bw
+    s_nvme_read = h.nvme.latency + bpe / nvme_bw
+    s_fetch_ram = 0.0 if unified else h.link.latency + h.ram.latency + bpe / link_bw
+    s_fetch_nvme = s_nvme_read if unified else h.nvme.latency + h.link.latency + bpe / min(nvme_bw, link_bw)
+    s_expert_cpu = h.cpu_latency + h.ram.latency + bpe / cpu_bw
+    s_expert_cpu_nvme = h.nvme.latency + h.cpu_latency + bpe / min(nvme_bw, cpu_bw)
+
+    flops_per_token = 2.0 * m.active_params("without_embedding_table")
+    return CostParams(
+        model=m.name, quant=quant, hw=h.name, n_moe_layers=m.n_moe_layers, n_experts=m.n_experts, top_k=m.top_k,
+        bytes_per_expert=bpe, dense_bytes=weights + seq_bytes, dense_weight_bytes=weights, dense_seq_bytes=seq_bytes,
+        dense_placement=placement, dense_vram_fraction=frac, context=int(context), s_dense=s_dense,
+        s_dense_per_seq=s_seq, s_expert_vram=s_expert_vram, s_fetch_ram=s_fetch_ram, s_fetch_nvme=s_fetch_nvme,
+        s_nvme_read=s_nvme_read, s_expert_cpu=s_expert_cpu, s_expert_cpu_nvme=s_expert_cpu_nvme,
+        s_copy_link=s_fetch_ram, s_copy_nvme=s_fetch_nvme, vram_expert_slots=int(vram_slots),
+        ram_expert_slots=int(ram_slots), unified=unified, flops_per_token=flops_per_token,
+        attn_flops_per_ctx_token=_attn_flops_per_ctx_token(m), gpu_flops=h.gpu_flops, link_bandwidth=link_bw,
+        nvme_bandwidth=nvme_bw,
+    )
+
+
+# ---- routing statistics the analytic model needs --------------------------------------------------------------
+
+def _zipf_probs(n_experts: int, zipf: float) -> np.ndarray:
+    w = 1.0 / np.arange(1, n_experts + 1, dtype=np.float64) ** zipf
+    return w / w.sum()
+
+
+def coverage(n_experts: int, slots: float, zipf: float = 0.0) -> float:
+    """Fraction of one layer's expert requests that fall on its ``slots`` most popular experts when popularity is
+    Zipf(``zipf``) over ``n_experts`` (0 = uniform: slots / n_experts). Fractional slots interpolate."""
+    if zipf < 0:
+        raise MoesimError(f"zipf exponent must be >= 0 (got {zipf})")
+    slots = min(max(float(slots), 0.0), float(n_experts))
+    if zipf == 0:
+        return slots / n_experts
+    cum = np.concatenate([[0.0], np.cumsum(_zipf_probs(n_experts, zipf))])
+    i = int(math.floor(slots))
+    return float(cum[i] + (slots - i) * (cum[min(i + 1, n_experts)] - cum[i]))
+
+
+def selection_probs(n_experts: int, top_k: int, zipf: float = 0.0) -> np.ndarray:
+    """P(expert i is among a token's top_k) with Zipf popularity: k x p_i, capped at 1 with the excess spread over
+    the others (water-filling), so the probabilities sum to top_k."""
+    p = _zipf_probs(n_experts, zipf) * top_k
+    for _ in range(n_experts):
+        over = p > 1.0
+        if not over.any():
+            break
+        excess = float((p[over] - 1.0).sum())
+        p[over] = 1.0
+        free = ~over & (p < 1.0)
+        p[free] += excess * p[free] / p[free].sum()
+    return np.minimum(p, 1.0)
+
+
+def expected_union(n_experts: int, top_k: int, batch: int, zipf: float = 0.0) -> float:
+    """Expected number of distinct experts one layer reads when ``batch`` independent tokens each select top_k of
+    n_experts (uniform: E (1 - (1 - k/E)^B)). Lock-step sequences are independent draws; the skew makes them
+    overlap more."""
+    if batch < 1:
+        raise MoesimError("batch must be >= 1")
+    q = selection_probs(n_experts, top_k, zipf)
+    return float(np.sum(1.0 - (1.0 - q) ** batch))
+
+
+# ---- the what-if ------------------------------------------------------------------------------------------------
+
+def what_fits(p: CostParams, zipf: float = 0.0) -> tuple[float, float]:
+    """Default hit fractions: VRAM and host RAM hold what fits (``p.vram_expert_slots`` and ``p.ram_expert_slots``,
+    spread evenly over the MoE layers), each layer's most popular experts first. Returns (vram_hit, ram_hit) with
+    ram_hit the fraction of VRAM misses found in host RAM. With zipf = 0 (uniform access) vram_hit is the fraction of
+    expert bytes that fit in VRAM."""
+    per_layer_v = p.vram_expert_slots / p.n_moe_layers
+    per_layer_r = p.ram_expert_slots / p.n_moe_layers
+    cv = coverage(p.n_experts, per_layer_v, zipf)
+    cr = coverage(p.n_experts, per_layer_v + per_layer_r, zipf)
+    ram_hit = 0.0 if cv >= 1.0 else (cr - cv) / (1.0 - cv)
+    return cv, ram_hit
+
+
+def estimate(model, quant: str | None, hw, *, vram_hit: float | None = None, ram_hit: float | None = None,
+             batch: int = 1, miss: str = "fetch", dense: str = "auto", context: int = 0, zipf: float = 0.0,
+             union: float | None = None, prefill_tokens: int = 0) -> dict:
+    """Seconds per token with no trace: every MoE layer reads ``union`` distinct experts per step (batch 1: top_k;
+    batch B: the expected union of B independent selections), a fraction ``vram_hit`` of them resident in VRAM, a
+    fraction ``ram_hit`` of the rest in host RAM, the rest on NVMe. ``miss = fetch``: non-resident experts are copied
+    to the GPU and run there; ``cpu``: they are computed by the CPU where they lie (llama.cpp's placement of
+    experts in host memory). Hit fractions left out default to what fits (see ``what_fits``)."""
+    if miss not in MISS_MODES:
+        raise MoesimError(f"unknown miss mode {miss!r} (known: {', '.join(MISS_MODES)})")
+    p = cost_params(model, quant, hw, context=context, dense=dense, batch=batch)
+    fit_v, fit_r = what_fits(p, zipf)
+    defaults = []
+    if vram_hit is None:
+        vram_hit = fit_v
+        defaults.append("vram_hit")
+    if ram_hit is None:
+        # host RAM holds the same share of the reads whatever --vram-hit says; re-express it per VRAM miss
+        share = (1.0 - fit_v) * fit_r
+        ram_hit = 0.0 if vram_hit >= 1.0 else min(1.0, share / (1.0 - vram_hit))
+        defaults.append("ram_hit")
+    for name, v in (("vram_hit", vram_hit), ("ram_hit", ram_hit)):
+        if not 0.0 <= v <= 1.0:
+            raise MoesimError(f"{name} must be in [0, 1] (got {v})")
+    if union is None:
+        union = expected_union(p.n_experts, p.top_k, batch, zipf)
+    elif not p.top_k <= union <= min(p.n_experts, p.top_k * batch):
+        raise MoesimError(f"union must be between top_k ({p.top_k}) and min(n_experts, top_k x batch) "
+                          f"({min(p.n_experts, p.top_k * batch)}), got {union}")
+    reads = p.n_moe_layers * union
+    r_vram = reads * vram_hit
+    r_ram = reads * (1 - vram_hit) * ram_hit
+    r_nvme = reads * (1 - vram_hit) * (1 - ram_hit)
+    bpe = p.bytes_per_expert
+
+    t = {"dense": p.s_dense + (batch - 1) * p.s_dense_per_seq, "expert_vram": r_vram * p.s_expert_vram}
+    by = {"vram": 0.0, "ram": 0.0, "nvme": 0.0, "link": 0.0, "cpu": 0.0}
+    # dense bytes by where they are read
+    w_gpu = p.dense_weight_bytes * p.dense_vram_fraction
+    w_off = p.dense_weight_bytes - w_gpu
+    state = p.dense_seq_bytes * batch
+    by["vram"] += w_gpu + (state if p.dense_vram_fraction >= 1 else 0.0)
+    if p.dense_placement == "nvme":
+        by["nvme"] += w_off
+        by["cpu"] += w_off
+    else:
+        by["ram"] += w_off
+        by["cpu"] += w_off
+    if p.dense_vram_fraction < 1:
+        by["ram"] += state
+        by["cpu"] += state
+    by["vram"] += r_vram * bpe
+    if miss == "fetch":
+        t["fetch_ram"] = r_ram * p.s_fetch_ram
+        t["fetch_nvme"] = r_nvme * p.s_fetch_nvme
+        t["expert_vram"] += (r_ram + r_nvme) * p.s_expert_vram
+        by["vram"] += (r_ram + r_nvme) * bpe
+        by["ram"] += r_ram * bpe
+        by["nvme"] += r_nvme * bpe
+        if not p.unified:
+            by["link"] += (r_ram + r_nvme) * bpe
+    else:
+        t["cpu_ram"] = r_ram * p.s_expert_cpu
+        t["cpu_nvme"] = r_nvme * p.s_expert_cpu_nvme
+        by["ram"] += r_ram * bpe
+        by["nvme"] += r_nvme * bpe
+        by["cpu"] += (r_ram + r_nvme) * bpe
+    s_memory = sum(t.values())
+    s_compute = p.decode_compute_floor(batch) if p.dense_vram_fraction >= 1 else 0.0
+    s_step = max(s_memory, s_compute)
+
+    m = model if isinstance(model, ModelPreset) else load_model(str(model))
+    out = {
+        "model": p.model, "quant": p.quant, "hw": p.hw, "batch": batch, "miss": miss, "context": context,
+        "dense_placement": p.dense_placement, "dense_vram_fraction": p.dense_vram_fraction,
+        "vram_hit": vram_hit, "ram_hit": ram_hit, "defaults": defaults, "zipf": zipf,
+        "what_fits": {"vram_expert_slots": p.vram_expert_slots, "ram_expert_slots": p.ram_expert_slots,
+                      "total_experts": p.n_moe_layers * p.n_experts, "vram_hit": fit_v, "ram_hit": fit_r},
+        "experts_read_per_layer": union,
+        "reads_fraction": {"vram": vram_hit, "ram": (1 - vram_hit) * ram_hit,
+                           "nvme": (1 - vram_hit) * (1 - ram_hit)},
+        "s_per_step": s_step, "s_per_token": s_step / batch, "tok_per_s": batch / s_step,
+        "tok_per_s_per_seq": 1.0 / s_step,
+        "bound": "compute" if s_compute > s_memory else "memory",
+        "s_compute_floor": s_compute,
+        "time_per_step": t,
+        "bytes_per_token": {k: v / batch for k, v in by.items()},
+        "bytes_per_step": by,
+        "active_bytes_per_token": p.dense_bytes + p.n_moe_layers * p.top_k * bpe,
+        "bytes_per_expert": bpe,
+        "dense_bytes_per_token": p.dense_bytes,
+        "model_file_bytes": m.file_bytes(p.quant),
+        "cost_params": p.as_dict(),
+    }
+    if prefill_tokens:
+        u = expected_union(p.n_experts, p.top_k, prefill_tokens, zipf) * p.n_moe_layers
+        n_gpu = u * vram_hit
+        s_pf = p.prefill_seconds(prefill_tokens, u, u * (1 - vram_hit) * ram_hit, u * (1 - vram_hit) * (1 - ram_hit))
+        out["prefill"] = {"tokens": prefill_tokens, "experts_read": u, "experts_resident": n_gpu,
+                          "seconds": s_pf, "tok_per_s": prefill_tokens / s_pf}
+    return out

@@ -1,0 +1,94 @@
+"""`moesim hw list` and `moesim hw show`: the hardware presets."""
+
+from __future__ import annotations
+
+import click
+
+from moesim.cli.output import FORMAT_OPTION, echo_json, echo_kv
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
+    cells = [[h for _, h in columns]] + [[_cell(r[k]) for k, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    for j, row in enumerate(cells):
+        click.echo("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if j == 0:
+            click.echo("  ".join("-" * w for w in widths))
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+@click.group("hw")
+def hw():
+    """Hardware presets: VRAM, host RAM, host-to-GPU link, NVMe, CPU expert throughput.
+
+    Every command that takes --hw accepts a preset name or the path of a TOML file
+    written like the presets (see `moesim hw show NAME --format json` and docs/costmodel.md)."""
+
+
+@hw.command("list")
+@FORMAT_OPTION
+def hw_list(fmt):
+    """List the shipped hardware presets with their effective bandwidths."""
+    from moesim.costmodel.hardware import hardware_names, load_hardware
+
+    rows = []
+    for name in hardware_names():
+        h = load_hardware(name)
+        e = h.summary()["effective"]
+        rows.append({"name": name, "gpu": h.gpu_name, "vram_gib": e["vram_gib"], "vram_gb_s": e["vram_gb_s"],
+                     "ram_gib": e["ram_gib"], "ram_gb_s": e["ram_gb_s"], "link": h.link_label(),
+                     "link_gb_s": e["link_gb_s"], "nvme_gb_s": e["nvme_gb_s"], "cpu_expert_gb_s": e["cpu_expert_gb_s"],
+                     "description": h.description})
+    if fmt == "json":
+        echo_json(rows)
+        return
+    _table(rows, [("name", "name"), ("vram_gib", "VRAM GiB"), ("vram_gb_s", "GB/s"), ("ram_gib", "RAM GiB"),
+                  ("ram_gb_s", "GB/s"), ("link", "link"), ("link_gb_s", "GB/s"), ("nvme_gb_s", "NVMe GB/s"),
+                  ("cpu_expert_gb_s", "CPU expert GB/s")])
+    click.echo("\nBandwidths are effective (spec x efficiency, or measured); `moesim hw show NAME` gives the sources.")
+
+
+@hw.command("show")
+@click.argument("name")
+@FORMAT_OPTION
+def hw_show(name, fmt):
+    """Show every number of preset NAME (or a TOML file) with where it comes from."""
+    from moesim.costmodel.hardware import load_hardware
+
+    h = load_hardware(name)
+    s = h.summary()
+    if fmt == "json":
+        echo_json(s)
+        return
+    e = s["effective"]
+    echo_kv([
+        ("name", h.name), ("description", h.description), ("source", h.source), ("file", h.path),
+        ("VRAM", f"{e['vram_gib']:g} GiB ({e['vram_usable_gib']:g} usable), {e['vram_gb_s']:.4g} GB/s effective"),
+        ("host RAM", f"{e['ram_gib']:g} GiB ({e['ram_usable_gib']:g} usable), {e['ram_gb_s']:.4g} GB/s effective"),
+        ("link", h.link_label() + ("" if h.unified else
+                                   f": {e['link_raw_gb_s']:.4g} GB/s raw, {e['link_pinned_gb_s']:.4g} pinned, "
+                                   f"{e['link_pageable_gb_s']:.4g} pageable, {e['link_latency_us']:g} us per copy")),
+        ("NVMe", f"{e['nvme_gb_s']:.4g} GB/s effective, {e['nvme_latency_us']:g} us per read"),
+        ("CPU experts", f"{e['cpu_expert_gb_s']:.4g} GB/s of expert weights"),
+        ("GPU compute", f"{e['gpu_tflops_effective']:.4g} TFLOP/s effective (prefill)"),
+    ])
+    for table in ("gpu", "vram", "ram", "link", "nvme", "cpu"):
+        t = s["file"].get(table, {})
+        src = t.get("sources", {})
+        click.echo(f"\n[{table}]")
+        width = max((len(k) for k in t if k != "sources"), default=0)
+        for key, value in t.items():
+            if key == "sources":
+                continue
+            note = f"  # {src[key]}" if key in src else ""
+            click.echo(f"  {key.ljust(width)} = {value!r}{note}".replace("True", "true").replace("False", "false"))
+
+
+command = hw

@@ -1,0 +1,14 @@
+"""Belady (MIN): evict the resident expert whose next router request is farthest
+away; never requested again counts as infinitely far. With fetch-all this is the
+offline optimum (demand paging: every miss is inserted)."""
+
+from numba import njit
+
+NAME = "belady"
+STRUCTURE = "heap"
+DOC = "evict the expert the router requests farthest in the future (offline bound)"
+
+
+@njit(inline="always")
+def priority(count, score, next_req):
+    return -float(next_req)

@@ -1,0 +1,16 @@
+"""LFU exactly as libCacheSim's: the count lives while the expert is cached.
+
+A new entry starts at 1, each router request of the cached expert adds 1, the
+count resets on eviction; among equal counts the least recently used goes
+first (the kernel breaks ties on the last-use tick)."""
+
+from numba import njit
+
+NAME = "lfu"
+STRUCTURE = "heap"
+DOC = "least frequently used while cached (libCacheSim LFU; ties to LRU)"
+
+
+@njit(inline="always")
+def priority(count, score, next_req):
+    return float(count)

@@ -1,0 +1,143 @@
+"""Policy configurations: frozen, validated, hashable, keyed by a stable hash."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+from moesim.errors import MoesimError
+from moesim.policies import miss as miss_mod
+from moesim.policies.registry import BY_NAME as EVICTION_CODES
+
+ALLOCATIONS = ("per-layer", "global")
+
+
+def parse_eviction(spec: str) -> tuple[str, float | None]:
+    """'lru' -> ('lru', None); 'freq:64' -> ('freq', 64.0) (half-life in tokens);
+    'static:500' -> ('static', 500) (pin from the first 500 tokens)."""
+    name, _, arg = str(spec).strip().partition(":")
+    if name not in EVICTION_CODES:
+        raise MoesimError(f"unknown eviction policy {spec!r} (known: {', '.join(EVICTION_CODES)})")
+    if not arg:
+        return name, None
+    if name not in ("freq", "static"):
+        raise MoesimError(f"eviction policy {name!r} takes no parameter (got {spec!r})")
+    try:
+        value = float(arg)
+    except ValueError:
+        raise MoesimError(f"bad parameter in {spec!r}: expected a number") from None
+    if not math.isfinite(value) or value <= 0 or (name == "static" and value != int(value)):
+        what = "a positive half-life in tokens" if name == "freq" else "a positive whole number of tokens"
+        raise MoesimError(f"bad parameter in {spec!r}: expected {what}")
+    return name, value
+
+
+def parse_miss(spec: str) -> tuple[str, float]:
+    """'threshold:0.15' -> ('threshold', 0.15); others carry theta 0."""
+    name, _, arg = str(spec).strip().partition(":")
+    if name not in miss_mod.MISS_POLICIES:
+        raise MoesimError(f"unknown miss policy {spec!r} (known: {', '.join(miss_mod.MISS_POLICIES)})")
+    if name != "threshold":
+        if arg:
+            raise MoesimError(f"miss policy {name!r} takes no parameter (got {spec!r})")
+        return name, 0.0
+    if not arg:
+        raise MoesimError("the threshold miss policy needs θ, e.g. threshold:0.15")
+    try:
+        theta = float(arg)
+    except ValueError:
+        raise MoesimError(f"bad threshold in {spec!r}: expected a number in [0, 1]") from None
+    if not (0.0 <= theta <= 1.0):
+        raise MoesimError(f"bad threshold in {spec!r}: expected a number in [0, 1]")
+    return name, theta
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One replay configuration. Give exactly one of ``budget`` (fraction of the
+    routed experts, floor(budget * E) slots per layer) or ``slots`` (per layer)."""
+
+    eviction: str = "lru"
+    miss: str = "fetch-all"
+    admit: float | None = None
+    budget: float | None = None
+    slots: int | None = None
+    allocation: str = "per-layer"
+    warm: bool = False
+    warmup_tokens: int = 0
+    reset_per_sequence: bool = False
+
+    def __post_init__(self):
+        ev, ev_arg = parse_eviction(self.eviction)
+        ms, theta = parse_miss(self.miss)
+        # canonical spellings so equal configs hash equally
+        object.__setattr__(self, "eviction", ev if ev_arg is None else f"{ev}:{ev_arg:g}")
+        object.__setattr__(self, "miss", ms if ms != "threshold" else f"threshold:{theta:g}")
+        if (self.budget is None) == (self.slots is None):
+            raise MoesimError("give exactly one of budget (fraction of experts) or slots (per layer)")
+        if self.budget is not None:
+            b = float(self.budget)
+            if not (math.isfinite(b) and 0.0 < b <= 1.0):
+                raise MoesimError(f"budget must be a fraction in (0, 1], got {self.budget!r}")
+            object.__setattr__(self, "budget", b)
+        if self.slots is not None:
+            if int(self.slots) != self.slots or self.slots < 1:
+                raise MoesimError(f"slots must be a positive whole number, got {self.slots!r}")
+            object.__setattr__(self, "slots", int(self.slots))
+        if self.admit is not None:
+            a = float(self.admit)
+            if not (math.isfinite(a) and a > 0.0):
+                raise MoesimError(f"admission threshold beta must be positive, got {self.admit!r}")
+            object.__setattr__(self, "admit", a)
+        if self.allocation not in ALLOCATIONS:
+            raise MoesimError(f"allocation must be per-layer or global, got {self.allocation!r}")
+        if int(self.warmup_tokens) != self.warmup_tokens or self.warmup_tokens < 0:
+            raise MoesimError(f"warmup_tokens must be a non-negative whole number, got {self.warmup_tokens!r}")
+        object.__setattr__(self, "warmup_tokens", int(self.warmup_tokens))
+
+    @property
+    def eviction_name(self) -> str:
+        return parse_eviction(self.eviction)[0]
+
+    @property
+    def eviction_param(self) -> float | None:
+        return parse_eviction(self.eviction)[1]
+
+    @property
+    def miss_name(self) -> str:
+        return parse_miss(self.miss)[0]
+
+    @property
+    def theta(self) -> float:
+        return parse_miss(self.miss)[1]
+
+    def slots_per_layer(self, n_experts: int) -> int:
+        if self.slots is not None:
+            if self.slots > n_experts:
+                raise MoesimError(f"slots per layer must be at most E={n_experts}, got {self.slots}")
+            return self.slots
+        n = math.floor(self.budget * n_experts + 1e-9)
+        if n < 1:
+            raise MoesimError(f"budget {self.budget:g} of E={n_experts} experts gives {n} slots per layer; "
+                              f"the smallest budget is {1 / n_experts:.4g}")
+        return n
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def key(self) -> str:
+        """Stable hash of the config: results are stored under it."""
+        doc = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.blake2b(doc.encode(), digest_size=8).hexdigest()
+
+    def label(self) -> str:
+        parts = [self.eviction, self.miss]
+        if self.admit is not None:
+            parts.append(f"admit {self.admit:g}")
+        parts.append(f"{self.budget:g} budget" if self.budget is not None else f"{self.slots} slots")
+        if self.allocation != "per-layer":
+            parts.append(self.allocation)
+        return " / ".join(parts)

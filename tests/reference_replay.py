@@ -1,0 +1,226 @@
+"""Slow, plain-Python reference of the replay semantics (docs/replay-semantics.md).
+
+Written for clarity, not speed, and independently of the kernel's data
+structures: resident experts live in dicts, victims are found by scanning, next
+requests by searching forward. The numba kernel must match it count for count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
+            "first_choice_substitutions", "evictions")
+
+
+def _top(counts: dict, n: int) -> list:
+    """The n most requested objects, ties to the lower (layer, expert); most popular first."""
+    return sorted(counts, key=lambda o: (-counts[o], o))[:n]
+
+
+def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, theta=0.15, admit=None,
+                     allocation="per-layer", warm=False, warmup_tokens=0, reset_per_sequence=False,
+                     half_life=None, static_prefix=None):
+    T, L, k = sel.shape
+    E = n_experts
+    objs = [(l, e) for l in range(L) for e in range(E)]
+    pool_of = (lambda o: o[0]) if allocation == "per-layer" else (lambda o: 0)
+    cap = {p: slots for p in range(L)} if allocation == "per-layer" else {0: slots * L}
+
+    # every request in replay order, and each object's request positions
+    requests = [(t, l, r) for t in range(T) for l in range(L) for r in range(k)]
+    positions: dict = {}
+    for (t, l, r) in requests:
+        positions.setdefault((l, int(sel[t, l, r])), []).append((t, l, r))
+
+    def next_request(o, after):
+        for p in positions.get(o, []):
+            if p > after:
+                return p
+        return (math.inf,)
+
+    def request_counts(n_tokens):
+        c = {o: 0 for o in objs}
+        for t in range(min(T, n_tokens)):
+            for l in range(L):
+                for r in range(k):
+                    c[(l, int(sel[t, l, r]))] += 1
+        return c
+
+    def most_requested(counts):
+        if allocation == "global":
+            return _top(counts, slots * L)
+        return [o for l in range(L) for o in _top({x: c for x, c in counts.items() if x[0] == l}, slots)]
+
+    pinned = set()
+    if eviction == "static":
+        pinned = set(most_requested(request_counts(T if static_prefix is None else static_prefix)))
+
+    layer = {l: dict.fromkeys(COUNTERS, 0) | {"mass": 0.0} for l in range(L)}
+    per_token = [dict.fromkeys(COUNTERS, 0) | {"mass": 0.0} for _ in range(T)]
+
+    state = {}
+
+    def reset(t):
+        state["cache"] = {p: set() for p in cap}
+        state["last_use"] = {}
+        state["inserted"] = {}
+        state["count"] = {}
+        state["score"] = dict.fromkeys(objs, 0.0)
+        state["acc"] = dict.fromkeys(objs, 0.0)
+        state["pending"] = {l: [] for l in range(L)}
+        state["decay_base"] = t
+        state["clock"] = 0
+        if warm and eviction != "static":
+            order = list(reversed(most_requested(request_counts(T))))
+            if allocation == "per-layer":
+                order = [o for l in range(L) for o in order if o[0] == l]
+            for i, o in enumerate(order):
+                state["cache"][pool_of(o)].add(o)
+                state["count"][o] = 1
+                state["last_use"][o] = (-1, -len(order) + i)
+                state["inserted"][o] = (-1, -len(order) + i)
+
+    def resident(o):
+        return o in pinned or o in state["cache"][pool_of(o)]
+
+    def key(o, now):
+        if eviction == "lru":
+            return state["last_use"][o]
+        if eviction == "fifo":
+            return state["inserted"][o]
+        if eviction == "lfu":
+            return (state["count"][o], state["last_use"][o])
+        if eviction == "freq":
+            return (state["score"][o], state["last_use"][o])
+        if eviction == "belady":
+            return (tuple(-x for x in next_request(o, now)), state["last_use"][o])
+        raise ValueError(eviction)
+
+    def insert(o, stamp, now, c, tc):
+        pool = pool_of(o)
+        if len(state["cache"][pool]) >= cap[pool]:
+            victim = min(state["cache"][pool], key=lambda x: key(x, now))
+            state["cache"][pool].remove(victim)
+            state["count"].pop(victim, None)
+            c["evictions"] += 1
+            tc["evictions"] += 1
+        state["cache"][pool].add(o)
+        state["count"][o] = 1
+        state["last_use"][o] = stamp
+        state["inserted"][o] = stamp
+
+    inc = 1.0
+    for t in range(T):
+        if t == 0 or (reset_per_sequence and seq[t] != seq[t - 1]):
+            reset(t)
+        if half_life:
+            inc = 2.0 ** ((t - state["decay_base"]) / half_life)
+            if inc > 1e150:
+                for o in objs:
+                    state["score"][o] /= inc
+                state["decay_base"] = t
+                inc = 1.0
+        counting = t >= warmup_tokens
+        tc = per_token[t]
+        for l in range(L):
+            c = layer[l] if counting else dict.fromkeys(COUNTERS, 0) | {"mass": 0.0}
+            now_step = (t, l, -1)
+            for i, o in enumerate(state["pending"][l]):
+                if resident(o):
+                    continue
+                insert(o, (t * L + l, -k + i), now_step, c, tc)
+                c["admissions"] += 1
+                tc["admissions"] += 1
+            state["pending"][l] = []
+            selected = {(l, int(e)) for e in sel[t, l]}
+            ran_as_substitute = set()
+            for r in range(k):
+                o = (l, int(sel[t, l, r]))
+                wr = float(w[t, l, r])
+                now = (t, l, r)
+                stamp = (t * L + l, r)
+                state["score"][o] += inc
+                c["requests"] += 1
+                tc["requests"] += 1
+                if resident(o):
+                    c["hits"] += 1
+                    tc["hits"] += 1
+                    if o not in pinned:
+                        if eviction != "fifo":
+                            state["last_use"][o] = stamp
+                        state["count"][o] += 1
+                    continue
+                c["misses"] += 1
+                tc["misses"] += 1
+                if miss == "fetch-all":
+                    action = "fetch"
+                elif miss == "threshold":
+                    action = "fetch" if (r == 0 or wr >= theta) else "substitute"
+                elif miss == "first-choice":
+                    action = "fetch" if r == 0 else "substitute"
+                else:
+                    action = miss
+                if action == "fetch":
+                    c["fetches"] += 1
+                    tc["fetches"] += 1
+                    if eviction != "static":
+                        insert(o, stamp, now, c, tc)
+                    continue
+                if action == "cpu":
+                    c["cpu"] += 1
+                    tc["cpu"] += 1
+                    continue
+                sub = None
+                if action == "substitute":
+                    for e in cand[t, l]:
+                        x = (l, int(e))
+                        if resident(x) and x not in selected and x not in ran_as_substitute:
+                            sub = x
+                            break
+                if sub is not None:
+                    ran_as_substitute.add(sub)
+                    c["substitutions"] += 1
+                    tc["substitutions"] += 1
+                    if sub not in pinned and eviction != "fifo":
+                        state["last_use"][sub] = stamp
+                else:
+                    c["drops"] += 1
+                    tc["drops"] += 1
+                c["mass"] += wr
+                tc["mass"] += wr
+                if r == 0:
+                    c["first_choice_substitutions"] += 1
+                    tc["first_choice_substitutions"] += 1
+                if admit and eviction != "static":
+                    state["acc"][o] += wr
+                    if state["acc"][o] >= admit:
+                        state["acc"][o] = 0.0
+                        state["pending"][l].append(o)
+    return layer, per_token
+
+
+def random_routing_arrays(rng: np.random.Generator, T: int, L: int, E: int, k: int, M: int, n_seq: int = 1,
+                          skew: float = 1.0):
+    """Routing arrays with locality: per-layer popularity plus a drifting state, softmax weights."""
+    base = rng.normal(scale=skew, size=(L, E))
+    state = rng.normal(size=(L, E))
+    sel = np.empty((T, L, k), np.int16)
+    w = np.empty((T, L, k), np.float32)
+    cand = np.empty((T, L, M), np.int16)
+    for t in range(T):
+        state = 0.7 * state + 0.3 * rng.normal(size=(L, E))
+        logits = np.round(base + state, 1)  # coarse grid: equal scores happen, exercising the tie rule
+        for l in range(L):
+            order = sorted(range(E), key=lambda e: (-logits[l, e], e))
+            cand[t, l] = order[:M]
+            s = np.array(order[:k])
+            x = logits[l, s] - logits[l, s].max()
+            ww = np.exp(x) / np.exp(x).sum()
+            o2 = sorted(range(k), key=lambda i: (-ww[i], s[i]))
+            sel[t, l] = s[o2]
+            w[t, l] = ww[o2]
+    seq = np.sort(rng.integers(0, n_seq, size=T)).astype(np.int32)
+    return sel, w, cand, seq

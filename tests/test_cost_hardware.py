@@ -1,0 +1,99 @@
+"""Hardware presets: shipped numbers, sources, and validation of user files."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from moesim.costmodel.hardware import GB, GIB, _preset_dir, hardware_names, load_hardware, missing_sources
+from moesim.errors import MoesimError
+
+REQUIRED = {"rtx3090-pcie4", "rtx3070-8g-ddr4-nvme", "rtx4090-pcie4", "rtx4060-laptop-8g", "h100-pcie",
+            "apple-m2-ultra-192g"}
+
+
+def test_required_presets_ship():
+    assert REQUIRED <= set(hardware_names())
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_every_number_has_a_source(name):
+    h = load_hardware(name)
+    assert missing_sources(h) == []
+    # effective never above spec, CPU never faster than its memory
+    for tier in (h.vram, h.ram, h.nvme):
+        assert 0 < tier.bandwidth <= (tier.spec_bandwidth or math.inf)
+    assert h.cpu_expert_bandwidth <= h.ram.bandwidth
+    assert h.vram.usable > 0 and h.ram.usable > 0
+
+
+def test_second_study_machine():
+    h = load_hardware("rtx3070-8g-ddr4-nvme")
+    assert h.vram.capacity == 8 * GIB and h.vram.spec_bandwidth == 448 * GB
+    assert h.ram.capacity == 32 * GIB and h.ram.spec_bandwidth == pytest.approx(50 * GB, rel=0.05)
+    assert h.nvme.bandwidth == pytest.approx(2.4 * GB)
+    assert h.link.pcie_gen == 3 and not h.unified
+
+
+def test_pcie_raw_bandwidth_and_pinned_vs_pageable():
+    assert load_hardware("rtx3070-8g-ddr4-nvme").link.raw_bandwidth / GB == pytest.approx(15.75, rel=1e-3)
+    assert load_hardware("rtx3090-pcie4").link.raw_bandwidth / GB == pytest.approx(31.5, rel=1e-3)
+    assert load_hardware("h100-pcie").link.raw_bandwidth / GB == pytest.approx(63.0, rel=1e-3)
+    assert load_hardware("rtx4060-laptop-8g").link.lanes == 8
+    link = load_hardware("rtx4090-pcie4").link
+    assert link.pageable_bandwidth < link.pinned_bandwidth == link.bandwidth
+
+
+def test_unified_memory_has_no_copy():
+    h = load_hardware("apple-m2-ultra-192g")
+    assert h.unified and math.isinf(h.link.bandwidth)
+    assert h.vram.capacity <= h.ram.capacity
+
+
+SRC = (_preset_dir() / "rtx3070-8g-ddr4-nvme.toml").read_text()
+
+
+def _load(tmp_path, text):
+    p = tmp_path / "hw.toml"
+    p.write_text(text)
+    return load_hardware(str(p))
+
+
+def test_user_file_loads(tmp_path):
+    h = _load(tmp_path, SRC.replace('name = "rtx3070-8g-ddr4-nvme"', 'name = "mine"').replace(
+        "effective_gb_s = 2.4\n", "effective_gb_s = 3.0\n"))
+    assert h.name == "mine" and h.nvme.bandwidth == pytest.approx(3.0 * GB)
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("spec_gb_s = 448", "spec_gb_s = -448", r"\[vram\] spec_gb_s must be > 0 \(got -448\)"),
+    ("spec_gb_s = 448", "spec_gb_z = 448", r"unknown key 'spec_gb_z' in \[vram\]"),
+    ("capacity_gib = 32\n", "", r"missing key 'capacity_gib' in \[ram\]"),
+    ("efficiency = 0.75\nlatency_us = 0\n[vram.sources]", "efficiency = 1.5\nlatency_us = 0\n[vram.sources]",
+     r"\[vram\] efficiency must be <= 1.0"),
+    ("reserved_gib = 1.0", "reserved_gib = 9", r"reserved_gib \(9.0\) must be below capacity_gib"),
+    ("pcie_gen = 3", "pcie_gen = 7", r"pcie_gen must be one of"),
+    ("lanes = 16", "lanes = 12", r"lanes must be one of"),
+    ("expert_gb_s = 33.3", "expert_gb_s = 80", r"exceeds the effective \[ram\] bandwidth"),
+    ("effective_gb_s = 2.4", "effective_gb_s = 2.4\nefficiency = 0.5", r"either efficiency or effective_gb_s"),
+    ('kind = "pcie"', 'kind = "nvlink"', r"kind must be 'pcie' or 'unified'"),
+    ("[cpu]\n", "[cpuu]\n", r"unknown key 'cpuu'"),
+    ("spec_gb_s = 448", 'spec_gb_s = "fast"', r"spec_gb_s must be a number"),
+    ("fp16_tflops = 40.6", "fp16_tflops = 40.6\nwarp = 1", r"unknown key 'warp' in \[gpu\]"),
+])
+def test_validation_errors(tmp_path, old, new, message):
+    assert old in SRC
+    with pytest.raises(MoesimError, match=message):
+        _load(tmp_path, SRC.replace(old, new, 1))
+
+
+def test_unknown_names_and_paths(tmp_path):
+    with pytest.raises(MoesimError, match="unknown hardware preset 'rtx9090'.*rtx3090-pcie4"):
+        load_hardware("rtx9090")
+    with pytest.raises(MoesimError, match="not found"):
+        load_hardware(str(tmp_path / "none.toml"))
+    with pytest.raises(MoesimError, match="not valid TOML"):
+        _load(tmp_path, "name = ")
+    with pytest.raises(MoesimError, match=r"missing table \[nvme\]"):
+        _load(tmp_path, SRC.split("[nvme]")[0] + "[cpu]" + SRC.split("[cpu]")[1])

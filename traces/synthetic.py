@@ -1,0 +1,272 @@
+"""Synthetic routing traces with a real model's geometry (generative model: docs/synthetic.md).
+
+Per (layer, domain) a fixed popularity score for each expert; per sequence a sticky
+state (an AR(1) drift and on/off bursts) that makes experts persist across tokens;
+per token independent noise. The router's logits are that score over a temperature,
+quantized to a coarse grid; the trace stores the best M of them plus the exact
+log-sum-exp over all E, computed from the same full logits.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from moesim.errors import MoesimError
+from moesim.traces import gating
+from moesim.traces.meta import TraceMeta
+from moesim.traces.synth_presets import PRESETS, RoutingKnobs, preset_names
+from moesim.traces.writer import TraceWriter
+
+GENERATOR = "moesim-synth"
+GENERATOR_VERSION = 1
+CHUNK_TOKENS = 64  # tokens generated per block; fixed, so the random stream never depends on memory
+_QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
+_DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def _rng(seed: int, *tags: str) -> np.random.Generator:
+    """An independent stream per purpose, so e.g. the popularity of 'code' experts
+    does not change when the token count or the list of domains does."""
+    words = [seed & 0xFFFFFFFF, seed >> 32] + [zlib.crc32(t.encode()) for t in tags]
+    return np.random.default_rng(words)
+
+
+def check_args(preset: str, tokens: int, seqs: int, seed: int, domains, prefill: int = 0) -> None:
+    if preset not in PRESETS:
+        raise MoesimError(f"unknown synth preset {preset!r} (known: {', '.join(preset_names())})")
+    if not isinstance(tokens, (int, np.integer)) or tokens < 1:
+        raise MoesimError(f"--tokens must be at least 1, got {tokens!r}")
+    if not isinstance(seqs, (int, np.integer)) or seqs < 1:
+        raise MoesimError(f"--seqs must be at least 1, got {seqs!r}")
+    if seqs > tokens:
+        raise MoesimError(f"--seqs ({seqs}) cannot exceed --tokens ({tokens}): every sequence needs a token")
+    if not isinstance(seed, (int, np.integer)) or seed < 0 or seed >= 1 << 63:
+        raise MoesimError(f"--seed must be a non-negative integer, got {seed!r}")
+    if prefill < 0:
+        raise MoesimError(f"--prefill must be >= 0, got {prefill}")
+    if domains is not None:
+        if len(set(domains)) != len(domains):
+            raise MoesimError(f"--domains lists a domain twice: {','.join(domains)}")
+        bad = [d for d in domains if not _DOMAIN_NAME.match(d)]
+        if bad:
+            raise MoesimError(f"bad domain name {bad[0]!r} (letters, digits, '_', '-', '.')")
+
+
+def parse_domains(text: str | None) -> list[str] | None:
+    """CLI form: 'code,prose,math' -> names; 'none' -> [] (no domain structure); None -> preset default."""
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return []
+    names = [x.strip() for x in text.split(",")]
+    if any(not x for x in names):
+        raise MoesimError(f"--domains must be comma-separated names without empty entries, got {text!r}")
+    return names
+
+
+def plan_tokens(tokens: int, seqs: int, n_domains: int, knobs: RoutingKnobs, weights: np.ndarray,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(seq, pos, domain code) per token, ordered by (seq, pos). Sequences get tokens//seqs tokens
+    (the first tokens%seqs one more); each is cut into topic segments of geometric length
+    (mean ``topic_len``); a segment's domain is drawn by weight, never the same as the previous one."""
+    lengths = np.full(seqs, tokens // seqs, dtype=np.int64)
+    lengths[: tokens % seqs] += 1
+    seq = np.repeat(np.arange(seqs, dtype=np.int32), lengths)
+    pos = (np.arange(tokens) - np.repeat(np.cumsum(lengths) - lengths, lengths)).astype(np.int32)
+    dom = np.zeros(tokens, dtype=np.int16)
+    p = weights / weights.sum()
+    start = 0
+    for n in lengths:
+        d = int(rng.choice(n_domains, p=p))
+        t = 0
+        while t < n:
+            seg = int(rng.geometric(1.0 / max(knobs.topic_len, 1.0)))
+            dom[start + t: start + min(n, t + seg)] = d
+            t += seg
+            if n_domains > 1:
+                q = p.copy()
+                q[d] = 0.0
+                d = int(rng.choice(n_domains, p=q / q.sum()))
+        start += n
+    return seq, pos, dom
+
+
+def _zipf_profile(rng: np.random.Generator, L: int, E: int, cutoff: float) -> np.ndarray:
+    """[L, E]: -log(rank) - cutoff * rank / E for an independent random ranking of the experts per layer
+    (a Zipf law with an exponential cutoff, in log space)."""
+    ranks = np.argsort(np.argsort(-rng.random((L, E)), axis=1), axis=1) + 1.0
+    return -np.log(ranks) - cutoff * ranks / E
+
+
+def base_scores(seed: int, L: int, E: int, domain_names: list[str], knobs: RoutingKnobs) -> np.ndarray:
+    """[D, L, E] float32: per layer and domain, log-popularity of each expert (mean 0 over experts)."""
+    shared = _zipf_profile(_rng(seed, "shared"), L, E, knobs.cutoff)
+    out = np.empty((len(domain_names), L, E), dtype=np.float64)
+    for i, name in enumerate(domain_names):
+        dk = knobs.domain(name)
+        own = _zipf_profile(_rng(seed, "domain", name), L, E, knobs.cutoff)
+        out[i] = knobs.zipf_shared * dk.shared * shared + dk.zipf * own
+    out -= out.mean(axis=2, keepdims=True)
+    return out.astype(np.float32)
+
+
+def _scores(base: np.ndarray, seq: np.ndarray, pos: np.ndarray, dom: np.ndarray, knobs: RoutingKnobs,
+            rng: np.random.Generator):
+    """Yield (token slice, scores [c, L, E] float32) block by block, in token order."""
+    _, L, E = base.shape
+    T = len(seq)
+    rho = float(np.clip(knobs.rho, 0.0, 0.9999))
+    innov = np.float32(np.sqrt(1.0 - rho * rho) * knobs.drift)
+    p_off = 1.0 / max(knobs.burst_len, 1.0)
+    frac = float(np.clip(knobs.burst_frac, 0.0, 0.999))
+    p_on = frac * p_off / (1.0 - frac)
+    boost = np.float32(knobs.burst_boost)
+    z = np.zeros((L, E), dtype=np.float32)
+    burst = np.zeros((L, E), dtype=bool)
+    for start in range(0, T, CHUNK_TOKENS):
+        c = min(CHUNK_TOKENS, T - start)
+        eps_z = rng.standard_normal((c, L, E), dtype=np.float32)
+        u = rng.random((c, L, E), dtype=np.float32)
+        noise = rng.standard_normal((c, L, E), dtype=np.float32)
+        out = base[dom[start:start + c]]  # [c, L, E] (a copy)
+        for i in range(c):
+            if pos[start + i] == 0 or (start + i > 0 and seq[start + i] != seq[start + i - 1]):
+                # A new sequence starts from the stationary state of its sticky process.
+                z = np.float32(knobs.drift) * eps_z[i]
+                burst = u[i] < frac
+            else:
+                z = np.float32(rho) * z + innov * eps_z[i]
+                burst = np.where(burst, u[i] >= p_off, u[i] < p_on)
+            out[i] += z
+            if boost:
+                out[i] += boost * burst
+        out += noise
+        yield slice(start, start + c), out
+
+
+def _quantize(scores: np.ndarray, knobs: RoutingKnobs) -> np.ndarray:
+    q = np.rint((scores / np.float32(knobs.temperature) + np.float32(knobs.offset)) / np.float32(knobs.grid))
+    return np.clip(q, -_QMAX + 1, _QMAX - 1).astype(np.int64)
+
+
+def top_candidates(q: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best m experts of each row of integer scores q [n, E]: (ids, q) ranked, equal scores lower id first."""
+    n, E = q.shape
+    key = ((_QMAX - q) << 16) | np.arange(E, dtype=np.int64)[None, :]
+    if m < E:
+        key = np.take_along_axis(key, np.argpartition(key, m - 1, axis=1)[:, :m], axis=1)
+    key.sort(axis=1)
+    return (key & 0xFFFF).astype(np.int16), _QMAX - (key >> 16)
+
+
+def log_sum_exp(x: np.ndarray) -> np.ndarray:
+    mx = x.max(axis=1, keepdims=True)
+    return (mx[:, 0] + np.log(np.exp(x - mx).sum(axis=1)))
+
+
+def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0) -> str:
+    parts = ["moesim synth", f"--preset {preset}", f"--tokens {tokens}", f"--seqs {seqs}", f"--seed {seed}"]
+    if domains is not None:
+        parts.append(f"--domains {','.join(domains) if domains else 'none'}")
+    if candidates is not None:
+        parts.append(f"--candidates {candidates}")
+    if prefill:
+        parts.append(f"--prefill {prefill}")
+    parts.append(f"-o {path}")
+    return " ".join(parts)
+
+
+def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: list[str] | None = None,
+               path: str | os.PathLike = "synthetic.parquet", *, candidates: int | None = None, prefill: int = 0,
+               knobs: RoutingKnobs | None = None, command: str | None = None) -> Path:
+    """Write a synthetic v1 trace (sparse layout) and return its path.
+
+    ``domains``: None -> the preset's default domains; [] -> no domain structure (no domain column).
+    ``candidates``: M stored per row (default: the preset's, capped at E). The first ``prefill``
+    positions of every sequence are marked phase 'prefill', the rest 'decode'.
+    ``knobs`` overrides the preset's routing knobs (calibration experiments)."""
+    from moesim import __version__
+    from moesim.costmodel.models import load_model
+
+    check_args(preset, tokens, seqs, seed, domains, prefill)
+    tokens, seqs, seed, prefill = int(tokens), int(seqs), int(seed), int(prefill)
+    model = load_model(preset)
+    kn = knobs if knobs is not None else PRESETS[preset]
+    L, E, k = len(model.moe_layers), model.n_experts, model.top_k
+    M = min(E, kn.candidates) if candidates is None else int(candidates)
+    M = max(M, k) if candidates is None else M
+    if not (k <= M <= E):
+        raise MoesimError(f"--candidates must be between top-k={k} and E={E} for {preset}, got {M}")
+    use_domains = list(kn.default_domains) if domains is None else list(domains)
+    with_column = bool(use_domains)
+    names = use_domains if with_column else ["general"]
+    weights = np.array([kn.domain(d).weight for d in names], dtype=np.float64)
+    if (weights <= 0).any():
+        raise MoesimError("every domain needs a positive weight")
+
+    seq, pos, dom = plan_tokens(tokens, seqs, len(names), kn, weights, _rng(seed, "layout"))
+    base = base_scores(seed, L, E, names, kn)
+    sigmoid = model.gating == "sigmoid"
+    path = Path(path)
+    meta = TraceMeta(
+        model_id=model.hf_id or model.name, family=model.family, n_experts=E, top_k=k,
+        moe_layers=model.moe_layers, gating=model.gating, norm_topk_prob=model.norm_topk_prob, layout="sparse",
+        n_candidates=M, routed_scaling_factor=model.routed_scaling_factor, n_shared_experts=model.n_shared_experts,
+        dense_layers=model.dense_layers, bytes_per_expert=model.bytes_per_expert_table(),
+        n_group=model.n_group, topk_group=model.topk_group, synthetic=True,
+        tracer={"name": GENERATOR, "version": f"{__version__} (generator {GENERATOR_VERSION})"},
+        source={
+            "preset": preset, "tokens": tokens, "seqs": seqs, "seed": seed,
+            "domains": use_domains, "prefill": prefill, "candidates": M,
+            "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill),
+            "generator": GENERATOR_VERSION, "knobs": kn.to_dict(),
+            "note": "synthetic routing from a generative model calibrated to published statistics; "
+                    "not recorded from the model",
+        },
+    )
+    layers = np.asarray(model.moe_layers, dtype=np.int16)
+    phase_names = np.array(["decode", "prefill"])
+    with TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
+                     weights=sigmoid) as writer:
+        for rows, scores in _scores(base, seq, pos, dom, kn, _rng(seed, "tokens")):
+            c = rows.stop - rows.start
+            q = _quantize(scores, kn).reshape(c * L, E)
+            ids, top_q = top_candidates(q, M)
+            x = q.astype(np.float64) * kn.grid
+            extra = {}
+            if sigmoid:
+                sel, w = _sigmoid_route(x, k, model.n_group, model.topk_group, model.routed_scaling_factor)
+                extra = {"selected": sel, "weights": w}
+            if with_column:
+                extra["domain"] = np.repeat(np.asarray(names)[dom[rows]], L)
+            writer.write(
+                seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=np.tile(layers, c),
+                phase=np.repeat(phase_names[(pos[rows] < prefill).astype(np.int64)], L),
+                top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32), lse=log_sum_exp(x).astype(np.float32),
+                **extra,
+            )
+    return path
+
+
+def _sigmoid_route(x: np.ndarray, k: int, n_group: int, topk_group: int, scale: float):
+    """DeepSeek-V3 routing of logits x [n, E] (no selection bias): group-limited top-k of sigmoid
+    scores; weights = the selected sigmoid scores normalized, times the routed scaling factor."""
+    s = gating.sigmoid(x)
+    if n_group > 1:
+        sel = gating.group_limited_topk(s, k, n_group, topk_group)
+    else:
+        sel, _ = gating.rank_rows(np.broadcast_to(np.arange(x.shape[1]), x.shape), s)
+        sel = sel[:, :k]
+    w = np.take_along_axis(s, sel, axis=1)
+    w = w / w.sum(axis=1, keepdims=True) * scale
+    sel, w = gating.order_selected(sel, w)
+    return sel.astype(np.int16), w.astype(np.float32)
+
+
+__all__ = ["synthesize", "check_args", "parse_domains", "plan_tokens", "base_scores", "top_candidates",
+           "command_line", "GENERATOR", "GENERATOR_VERSION"]

@@ -1,0 +1,115 @@
+"""Trace a local transformers checkpoint over text files (teacher-forced forward passes)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from moesim.errors import MoesimError
+from moesim.traces.tracers import families
+from moesim.traces.tracers.texts import TokenSequence, source_meta, split_sequences
+
+INSTALL_HINT = "PyTorch and transformers are not installed: pip install 'moesim[torch]'"
+
+
+def import_transformers():
+    # No hub access: a missing local file must fail, not start a download.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        raise MoesimError(INSTALL_HINT) from None
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()   # moesim shows its own, on a terminal only
+    return torch, transformers
+
+
+def check_model_dir(model_dir: str | os.PathLike) -> dict:
+    """The config.json of a local checkpoint directory (else one clear error)."""
+    p = Path(model_dir)
+    cfg = p / "config.json"
+    if not p.is_dir() or not cfg.is_file():
+        raise MoesimError(f"{model_dir}: not a local transformers model directory (no config.json); "
+                          "download the checkpoint first, moesim never reaches the hub")
+    try:
+        config = json.loads(cfg.read_text())
+    except ValueError as exc:
+        raise MoesimError(f"{cfg}: not valid JSON ({exc})") from None
+    families.family_of(config.get("model_type", "?"))
+    return config
+
+
+def load_local(model_dir: str | os.PathLike, dtype: str = "auto"):
+    """(model, tokenizer) from a local directory, never the hub."""
+    check_model_dir(model_dir)
+    torch, transformers = import_transformers()
+    kw = {"local_files_only": True}
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(model_dir), **kw)
+    except (OSError, ValueError) as exc:
+        raise MoesimError(f"{model_dir}: cannot load its tokenizer ({_first_line(exc)})") from None
+    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype, **kw)
+    except (OSError, ValueError) as exc:
+        raise MoesimError(f"{model_dir}: cannot load the model ({_first_line(exc)})") from None
+    model.eval()
+    return model, tok
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def tokenizer_bos(tok) -> int | None:
+    """The BOS id when the tokenizer starts every input with it (Mixtral-style), else None."""
+    bos = getattr(tok, "bos_token_id", None)
+    if bos is None:
+        return None
+    probe = tok("a", add_special_tokens=True)["input_ids"]
+    return bos if probe and probe[0] == bos else None
+
+
+def hf_sequences(tok, texts: Sequence[str], domains: Sequence[str] | None, seq_len: int,
+                 max_tokens: int | None) -> list[TokenSequence]:
+    def tokenize(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+    return split_sequences(texts, domains, tokenize, seq_len, max_tokens, bos=tokenizer_bos(tok))
+
+
+def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.PathLike, *,
+             domains: Sequence[str] | None = None, seq_len: int = 512, max_tokens: int | None = None,
+             candidates: int | None = None, dense: bool = False, dtype: str = "auto", model_id: str | None = None,
+             progress: Callable[[int, int], None] | None = None, model=None, tokenizer=None) -> Path:
+    """Teacher-forced forward passes of a local checkpoint over ``texts`` in sequences of
+    ``seq_len`` tokens; writes the trace ``out``. ``model``/``tokenizer`` skip loading
+    (both already built from ``model_dir``). ``progress(n, total)`` is called with the
+    tokens of each sequence done and the total to do."""
+    config = check_model_dir(model_dir)
+    torch, _ = import_transformers()
+    from moesim.traces.tracers.torch_hooks import record_router
+
+    if model is None or tokenizer is None:
+        model, tokenizer = load_local(model_dir, dtype)
+    seqs = hf_sequences(tokenizer, texts, domains, seq_len, max_tokens)
+    labels = [s.domain for s in seqs]
+    doms = sorted({d for d in labels if d is not None}) or None
+    src = source_meta(texts, domains, seq_len, max_tokens, seqs)
+    src["model_dir"] = str(Path(model_dir).resolve())
+    src["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
+    mid = model_id or config.get("_name_or_path") or Path(model_dir).resolve().name
+    if os.path.isabs(mid) or os.sep in mid and Path(mid).exists():
+        mid = Path(mid).name
+    with torch.inference_mode(), record_router(model, out, model_id=mid, layout="dense" if dense else "sparse",
+                                               candidates=candidates, domains=doms, source=src) as rec:
+        for s in seqs:
+            rec.domain = s.domain
+            ids = torch.tensor([s.tokens], dtype=torch.long)
+            model(input_ids=ids, use_cache=False)
+            if progress is not None:
+                progress(len(s.tokens), src["tokens"])
+    return Path(out)
