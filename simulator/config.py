@@ -69,6 +69,7 @@ class SimConfig:
     warm: bool = False
     warmup_tokens: int = 0
     reset_per_sequence: bool = False
+    batch: int = 1
 
     def __post_init__(self):
         ev, ev_arg = parse_eviction(self.eviction)
@@ -97,6 +98,9 @@ class SimConfig:
         if int(self.warmup_tokens) != self.warmup_tokens or self.warmup_tokens < 0:
             raise MoesimError(f"warmup_tokens must be a non-negative whole number, got {self.warmup_tokens!r}")
         object.__setattr__(self, "warmup_tokens", int(self.warmup_tokens))
+        if int(self.batch) != self.batch or self.batch < 1:
+            raise MoesimError(f"batch must be a positive whole number, got {self.batch!r}")
+        object.__setattr__(self, "batch", int(self.batch))
 
     @property
     def eviction_name(self) -> str:
@@ -140,4 +144,6 @@ class SimConfig:
         parts.append(f"{self.budget:g} budget" if self.budget is not None else f"{self.slots} slots")
         if self.allocation != "per-layer":
             parts.append(self.allocation)
+        if self.batch > 1:
+            parts.append(f"batch {self.batch}")
         return " / ".join(parts)

@@ -13,12 +13,18 @@ from numba import njit
 from moesim.policies import miss
 from moesim.policies.registry import priority
 from moesim.simulator.structures import (ACC, CAP, CNT, HBASE, HEAD, HPOS, HSIZE, KEY1, KEY2, MARK, N_COUNTERS,
-                                         NREQ, RES, SCORE, SIZE, TAIL, heap_fix, list_push_front, list_unlink)
+                                         NREQ, QUEUED, RES, RNXT, RPRV, RRES, SCORE, SIZE, TAIL, heap_fix,
+                                         list_push_front, list_unlink)
 
 # counter columns (per layer and per token)
-REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS = range(10)
+(REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS,
+ FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME) = range(14)
 COUNTER_NAMES = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
-                 "first_choice_substitutions", "evictions")
+                 "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme")
+# cost columns: seconds per operation (costmodel.timing.CostParams); all zero replays without a clock
+(S_DENSE_LAYER, S_EXPERT_VRAM, S_FETCH_RAM, S_FETCH_NVME, S_CPU_RAM, S_CPU_NVME, S_COPY_RAM,
+ S_COPY_NVME) = range(8)
+N_COSTS = 8
 
 LIST, HEAP, NONE = 0, 1, 2
 NEVER = np.int64(1) << np.int64(62)  # next-use tick of an expert never requested again
@@ -29,17 +35,19 @@ _RESCALE = 1e150  # decayed frequency scores are rescaled before they overflow
 def next_use_ticks(sel, n_experts):
     """For each request, the tick of the same (layer, expert)'s next request (NEVER if
     none); and each object's first request tick. Step s = token * L + layer owns the
-    ticks [2ks, 2k(s+1)): its background admissions take 2ks + i, its requests
-    2ks + k + rank, so ticks order every event of the replay."""
+    ticks [s(E+k), (s+1)(E+k)): its background admissions take s(E+k) + i, its requests
+    s(E+k) + E + rank, so ticks order every event of the replay."""
     T, L, k = sel.shape
-    nxt = np.empty((T, L, k), np.int64)
+    nxt = np.full((T, L, k), NEVER, np.int64)
     last = np.full(L * n_experts, NEVER, np.int64)
     for t in range(T - 1, -1, -1):
         for l in range(L - 1, -1, -1):
             for r in range(k - 1, -1, -1):
+                if sel[t, l, r] < 0:
+                    continue
                 o = l * n_experts + sel[t, l, r]
                 nxt[t, l, r] = last[o]
-                last[o] = (2 * (t * L + l) + 1) * k + r
+                last[o] = (t * L + l) * (n_experts + k) + n_experts + r
     return nxt, last
 
 
@@ -51,7 +59,8 @@ def request_counts(sel, n_experts, n_tokens):
     for t in range(min(T, n_tokens)):
         for l in range(L):
             for r in range(k):
-                out[l * n_experts + sel[t, l, r]] += 1
+                if sel[t, l, r] >= 0:
+                    out[l * n_experts + sel[t, l, r]] += 1
     return out
 
 
@@ -106,13 +115,40 @@ def _touch(structure, move_on_access, evict_code, pool, o, tick, ob, fo, po, hea
         heap_fix(ob, fo, po, heap, pool, ob[o, HPOS])
 
 
+@njit(inline="always")
+def _from_nvme(o, ram, ob, po):
+    """Read o from host memory: True when it must first come from NVMe (a host-RAM tier
+    miss, which then caches it, evicting the least recently used)."""
+    if po[ram, CAP] < 0:
+        return False  # every expert fits in host RAM
+    if po[ram, CAP] == 0:
+        return True  # no host RAM to spare: every read streams from NVMe
+    if ob[o, RRES] != 0:
+        if po[ram, HEAD] != o:
+            list_unlink(ob, po, ram, o, RPRV, RNXT)
+            list_push_front(ob, po, ram, o, RPRV, RNXT)
+        return False
+    if po[ram, SIZE] >= po[ram, CAP]:
+        v = po[ram, TAIL]
+        list_unlink(ob, po, ram, v, RPRV, RNXT)
+        ob[v, RRES] = 0
+    else:
+        po[ram, SIZE] += 1
+    ob[o, RRES] = 1
+    list_push_front(ob, po, ram, o, RPRV, RNXT)
+    return True
+
+
 @njit(_nrt=False)
-def _reset(structure, evict_code, pinned, warm_objs, pool_of_layer, E, ob, fo, po, heap):
-    """Empty every pool, then pin the static set or pre-fill the warm set."""
+def _reset(structure, evict_code, pinned, warm_objs, ram_warm, pool_of_layer, E, ob, fo, po, heap, qhl):
+    """Empty every pool and copy queue, then pin the static set or pre-fill the warm
+    set; the host-RAM tier starts with ram_warm (least recently used first)."""
     for o in range(ob.shape[0]):
         ob[o, RES] = 1 if pinned[o] else 0
         ob[o, HPOS] = -1
         ob[o, CNT] = 0
+        ob[o, QUEUED] = 0
+        ob[o, RRES] = 0
         fo[o, SCORE] = 0.0
         fo[o, ACC] = 0.0
     for p in range(po.shape[0]):
@@ -120,36 +156,48 @@ def _reset(structure, evict_code, pinned, warm_objs, pool_of_layer, E, ob, fo, p
         po[p, HEAD] = -1
         po[p, TAIL] = -1
         po[p, HSIZE] = 0
+    for l in range(qhl.shape[0]):
+        qhl[l, 0] = 0
+        qhl[l, 1] = 0
     nw = warm_objs.shape[0]
     for i in range(nw):
         o = warm_objs[i]
         _admit(structure, evict_code, pool_of_layer[o // E], o, -2 * (nw - i) - 1, ob, fo, po, heap)
+    ram = po.shape[0] - 1
+    for i in range(ram_warm.shape[0]):
+        _from_nvme(ram_warm[i], ram, ob, po)
 
 
 @njit(cache=True, _nrt=False)
-def replay(sel, w, cand, next_tick, first_tick, tok_seq,
+def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
            evict_code, structure, move_on_access, miss_code, theta, beta,
-           pool_of_layer, pinned, warm_objs, half_life, warmup_tokens, reset_per_seq,
-           ob, fo, po, heap, pend, npend, sc, layer_counts, layer_mass, tok_counts, tok_mass):
+           pool_of_layer, pinned, warm_objs, ram_warm, cost, half_life, warmup_tokens, reset_per_seq,
+           ob, fo, po, heap, queue, queue_t, qhl, sc,
+           layer_counts, layer_mass, tok_counts, tok_mass, tok_seconds, tok_stall):
     """Replay every (token, layer) step; add counters into layer_counts/layer_mass
-    (tokens from warmup_tokens on) and tok_counts/tok_mass (every token).
-    ob/fo/po/heap: the packed cache state (structures.new_state); pend [L, k],
-    npend [L], sc [N_COUNTERS]: scratch for queued admissions and one step's counters."""
+    (tokens from warmup_tokens on) and tok_counts/tok_mass/tok_seconds/tok_stall
+    (every token). sel entries < 0 are padding (batched routing). w: the weights the
+    miss policy reads; wm: the gate mass a substitution or drop loses.
+    cost: seconds per operation (S_* columns; all zero for a replay without a clock).
+    ob/fo/po/heap/queue/queue_t/qhl/sc: state and scratch (structures.new_state)."""
     T, L, k = sel.shape
     M = cand.shape[2]
     n_obj = ob.shape[0]
     E = n_obj // L
+    ram = po.shape[0] - 1
     for o in range(n_obj):
         ob[o, NREQ] = first_tick[o]
         ob[o, MARK] = -1
     decay_base = 0
     inc = 1.0
+    now = 0.0        # simulated seconds
+    link_free = 0.0  # when the host-to-GPU link finishes its queued copies
 
     for t in range(T):
+        t_start = now
+        stall = 0.0
         if t == 0 or (reset_per_seq and tok_seq[t] != tok_seq[t - 1]):
-            _reset(structure, evict_code, pinned, warm_objs, pool_of_layer, E, ob, fo, po, heap)
-            for l in range(L):
-                npend[l] = 0
+            _reset(structure, evict_code, pinned, warm_objs, ram_warm, pool_of_layer, E, ob, fo, po, heap, qhl)
             decay_base = t
         if half_life > 0.0:
             inc = 2.0 ** ((t - decay_base) / half_life)
@@ -168,64 +216,98 @@ def replay(sel, w, cand, next_tick, first_tick, tok_seq,
             for c in range(N_COUNTERS):
                 sc[c] = 0
             smass = 0.0
-            # background admissions queued at this layer's previous step land first
-            for i in range(npend[l]):
-                o = pend[l, i]
+            now += cost[S_DENSE_LAYER]
+            # background copies of this layer's experts that have completed are admitted first
+            i = 0
+            while qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
+                o = queue[l, qhl[l, 0]]
+                qhl[l, 0] = (qhl[l, 0] + 1) % E
+                qhl[l, 1] -= 1
+                ob[o, QUEUED] = 0
                 if ob[o, RES] == 0:
                     sc[ADMISSIONS] += 1
-                    if _admit(structure, evict_code, pool, o, 2 * step * k + i, ob, fo, po, heap) >= 0:
+                    if _admit(structure, evict_code, pool, o, step * (E + k) + i, ob, fo, po, heap) >= 0:
                         sc[EVICTIONS] += 1
-            npend[l] = 0
+                    i += 1
             for r in range(k):
-                ob[base + sel[t, l, r], MARK] = step
+                if sel[t, l, r] >= 0:
+                    ob[base + sel[t, l, r], MARK] = step
 
             for r in range(k):
+                if sel[t, l, r] < 0:
+                    continue
                 o = base + sel[t, l, r]
-                tick = (2 * step + 1) * k + r
+                tick = step * (E + k) + E + r
                 ob[o, NREQ] = next_tick[t, l, r]
                 fo[o, SCORE] += inc
+                sc[REQUESTS] += 1
                 if ob[o, RES] != 0:
                     sc[HITS] += 1
                     ob[o, CNT] += 1
                     _touch(structure, move_on_access, evict_code, pool, o, tick, ob, fo, po, heap)
+                    now += cost[S_EXPERT_VRAM]
                     continue
+                sc[MISSES] += 1
                 wr = w[t, l, r]
                 action = miss.decide(miss_code, r, wr, theta)
                 if action == miss.FETCH:
                     sc[FETCHES] += 1
+                    start = max(now, link_free)  # behind any queued background copy
+                    stall += start - now
+                    if _from_nvme(o, ram, ob, po):
+                        sc[FETCHES_NVME] += 1
+                        link_free = start + cost[S_FETCH_NVME]
+                    else:
+                        link_free = start + cost[S_FETCH_RAM]
+                    now = link_free + cost[S_EXPERT_VRAM]
                     if structure != NONE:  # static never admits
                         if _admit(structure, evict_code, pool, o, tick, ob, fo, po, heap) >= 0:
                             sc[EVICTIONS] += 1
                     continue
                 if action == miss.CPU:
                     sc[CPU] += 1
+                    if _from_nvme(o, ram, ob, po):
+                        sc[CPU_NVME] += 1
+                        now += cost[S_CPU_NVME]
+                    else:
+                        now += cost[S_CPU_RAM]
                     continue
                 # substituted or dropped: the step loses this expert's gate weight
                 sub = -1
                 if action == miss.SUBSTITUTE:
                     for j in range(M):
                         c = base + cand[t, l, j]
-                        if ob[c, RES] != 0 and ob[c, MARK] != step:
+                        if c >= base and ob[c, RES] != 0 and ob[c, MARK] != step:
                             sub = c
                             break
                 if sub >= 0:
                     ob[sub, MARK] = step
                     sc[SUBSTITUTIONS] += 1
                     _touch(structure, move_on_access, evict_code, pool, sub, tick, ob, fo, po, heap)
+                    now += cost[S_EXPERT_VRAM]
                 else:
                     sc[DROPS] += 1
-                smass += wr
+                smass += wm[t, l, r]
                 if r == 0:
                     sc[FIRST_CHOICE_SUBS] += 1
                 if beta > 0.0 and structure != NONE:
                     fo[o, ACC] += wr
-                    if fo[o, ACC] >= beta:
+                    if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
                         fo[o, ACC] = 0.0
-                        pend[l, npend[l]] = o
-                        npend[l] += 1
+                        # a background copy: occupies the link after what is queued on it
+                        start = max(now, link_free)
+                        sc[COPIES] += 1
+                        if _from_nvme(o, ram, ob, po):
+                            sc[COPIES_NVME] += 1
+                            link_free = start + cost[S_COPY_NVME]
+                        else:
+                            link_free = start + cost[S_COPY_RAM]
+                        ob[o, QUEUED] = 1
+                        q = (qhl[l, 0] + qhl[l, 1]) % E
+                        queue[l, q] = o
+                        queue_t[l, q] = link_free
+                        qhl[l, 1] += 1
 
-            sc[REQUESTS] = k
-            sc[MISSES] = k - sc[HITS]
             for c in range(N_COUNTERS):
                 tok_counts[t, c] += sc[c]
             tok_mass[t] += smass
@@ -233,3 +315,5 @@ def replay(sel, w, cand, next_tick, first_tick, tok_seq,
                 for c in range(N_COUNTERS):
                     layer_counts[l, c] += sc[c]
                 layer_mass[l] += smass
+        tok_seconds[t] = now - t_start
+        tok_stall[t] = stall

@@ -37,7 +37,48 @@ class SimResult:
     trace_digest: str = ""
     synthetic: bool = False
     replay_seconds: float = 0.0
+    token_seconds: np.ndarray | None = None  # [steps] simulated seconds per step (zeros without a cost model)
+    token_stall: np.ndarray | None = None    # [steps] seconds a step waited for the link
+    step_members: np.ndarray | None = None   # [steps] tokens decoded per step (the batch's live members)
+    step_decode: np.ndarray | None = None    # [steps] step is a decode step
+    warmup_steps: int = 0
+    timing: dict | None = None
     extra: dict = field(default_factory=dict)
+
+    def attach_timing(self, cost, ram_cap: int | None = None, prefill: dict | None = None) -> None:
+        """Seconds per token and bytes moved, from the kernel's clock and counters."""
+        steps = np.arange(len(self.token_seconds))
+        counted = steps >= self.warmup_steps
+        decode = counted & self.step_decode
+        phase = "decode"
+        if not decode.any():
+            decode, phase = counted, "all"
+        secs = float(self.token_seconds[decode].sum())
+        toks = int(self.step_members[decode].sum())
+        c = {name: int(v) for name, v in zip(COUNTER_NAMES, self.token_counts[decode].sum(axis=0))}
+        bpe = cost.bytes_per_expert
+        per_tok = 1.0 / toks if toks else float("nan")
+        self.timing = {
+            "model": cost.model, "quant": cost.quant, "hw": cost.hw, "batch": self.config.batch,
+            "timed_steps": phase,
+            "s_per_token": secs / toks if toks else float("nan"),
+            "tok_per_s": toks / secs if secs > 0 else float("inf"),
+            "s_per_step": secs / int(decode.sum()) if decode.any() else float("nan"),
+            "stall_per_token": float(self.token_stall[decode].sum()) * per_tok,
+            "bytes_per_token": {
+                "dense": cost.dense_bytes,
+                "experts_vram": (c["hits"] + c["substitutions"] + c["fetches"]) * bpe * per_tok,
+                "link_sync": c["fetches"] * bpe * per_tok,
+                "link_background": c["copies"] * bpe * per_tok,
+                "nvme": (c["fetches_nvme"] + c["cpu_nvme"] + c["copies_nvme"]) * bpe * per_tok,
+                "cpu": c["cpu"] * bpe * per_tok,
+            },
+            "vram_bytes_for_cache": self.slots_per_layer * len(self.layer_ids) * bpe,
+            "vram_bytes_free_for_experts": cost.vram_expert_slots * bpe,
+            "fits_in_vram": self.slots_per_layer * len(self.layer_ids) <= cost.vram_expert_slots,
+            "host_ram_tier_experts": ram_cap,  # None: every expert fits in host RAM
+            "prefill": prefill,
+        }
 
     def totals(self) -> dict:
         c = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts.sum(axis=0))}
@@ -54,6 +95,10 @@ class SimResult:
         return rows
 
     def to_dict(self) -> dict:
+        timing = {}
+        if self.timing is not None:
+            timing = {k: self.timing[k] for k in ("s_per_token", "tok_per_s")}
+            timing["timing"] = self.timing
         return {
             "config": {**self.config.to_dict(), "key": self.config.key(), "label": self.config.label()},
             "trace": {"digest": self.trace_digest, "synthetic": self.synthetic},
@@ -62,6 +107,7 @@ class SimResult:
             "totals": self.totals(),
             "layers": self.layer_rows(),
             "replay_seconds": self.replay_seconds,
+            **timing,
             **self.extra,
         }
 
@@ -75,4 +121,8 @@ class SimResult:
         import polars as pl
 
         cols = {name: self.token_counts[:, i] for i, name in enumerate(COUNTER_NAMES)}
-        return pl.DataFrame({"token_index": np.arange(len(self.token_mass)), **cols, "mass": self.token_mass})
+        extra = {}
+        if self.timing is not None:
+            extra = {"seconds": self.token_seconds, "stall_seconds": self.token_stall}
+        return pl.DataFrame({"step": np.arange(len(self.token_mass)), "tokens": self.step_members, **cols,
+                             "mass": self.token_mass, **extra})

@@ -5,10 +5,12 @@ global cache. Packing the per-object fields into one row (a cache line) keeps
 memory traffic low, and lets the hot-loop helpers take four arrays instead of
 twenty: numba passes every array as ~7-9 machine words per call.
 
-- ``ob`` int64 [objects, 8]: list links, heap position, LFU count, last-use tick,
-  next-request tick, step mark, resident flag;
+- ``ob`` int64 [objects, 12]: list links, heap position, LFU count, last-use tick,
+  next-request tick, step mark, resident flag, copy-queued flag, and the host-RAM
+  tier's list links and resident flag;
 - ``fo`` float64 [objects, 3]: heap priority, decayed request score, admission accumulator;
-- ``po`` int64 [pools, 6]: list head/tail, heap size/base, occupancy, capacity;
+- ``po`` int64 [pools + 1, 6]: list head/tail, heap size/base, occupancy, capacity;
+  the last row is the host-RAM tier (an LRU list over all layers);
 - ``heap`` int64 [sum of capacities]: each pool's min-heap on (priority, last-use tick).
 
 The list keeps the most recent object at the head and evicts at the tail; the
@@ -20,52 +22,59 @@ import numpy as np
 from numba import njit
 
 # ob columns
-PRV, NXT, HPOS, CNT, KEY2, NREQ, MARK, RES = range(8)
-N_OB = 8
+PRV, NXT, HPOS, CNT, KEY2, NREQ, MARK, RES, QUEUED, RPRV, RNXT, RRES = range(12)
+N_OB = 12
 # fo columns
 KEY1, SCORE, ACC = range(3)
 N_FO = 3
 # po columns
 HEAD, TAIL, HSIZE, HBASE, SIZE, CAP = range(6)
 N_PO = 6
-N_COUNTERS = 10  # simulator.kernel.COUNTER_NAMES
+N_COUNTERS = 14  # simulator.kernel.COUNTER_NAMES
 
 
-def new_state(pool_cap: np.ndarray, L: int, E: int, k: int):
-    """Fresh state for L layers of E experts, top-k, pools of the given capacities; with the
-    kernel's scratch arrays (queued admissions [L, k] and their counts [L], one step's counters)."""
+def new_state(pool_cap: np.ndarray, L: int, E: int, k: int, ram_cap: int = -1):
+    """Fresh state for L layers of E experts, top-k, VRAM pools of the given capacities and
+    a host-RAM tier of ram_cap experts (-1: every expert is in host RAM); with the kernel's
+    scratch: per-layer FIFO queues of background copies (object, completion time), their
+    head and length, and one step's counters."""
     n_obj = L * E
+    n_pools = len(pool_cap)
     ob = np.zeros((n_obj, N_OB), np.int64)
     fo = np.zeros((n_obj, N_FO), np.float64)
-    po = np.zeros((len(pool_cap), N_PO), np.int64)
-    po[:, CAP] = pool_cap
-    po[1:, HBASE] = np.cumsum(pool_cap)[:-1]
+    po = np.zeros((n_pools + 1, N_PO), np.int64)
+    po[:n_pools, CAP] = pool_cap
+    po[1:n_pools, HBASE] = np.cumsum(pool_cap)[:-1]
+    po[n_pools, CAP] = ram_cap
     heap = np.zeros(max(1, int(pool_cap.sum())), np.int64)
-    return ob, fo, po, heap, np.zeros((L, k), np.int64), np.zeros(L, np.int64), np.zeros(N_COUNTERS, np.int64)
+    queue = np.zeros((L, E), np.int64)
+    queue_t = np.zeros((L, E), np.float64)
+    qhl = np.zeros((L, 2), np.int64)
+    return ob, fo, po, heap, queue, queue_t, qhl, np.zeros(N_COUNTERS, np.int64)
 
 
 @njit(inline="always")
-def list_push_front(ob, po, pool, o):
+def list_push_front(ob, po, pool, o, prv=PRV, nxt=NXT):
     h = po[pool, HEAD]
-    ob[o, PRV] = -1
-    ob[o, NXT] = h
+    ob[o, prv] = -1
+    ob[o, nxt] = h
     if h != -1:
-        ob[h, PRV] = o
+        ob[h, prv] = o
     else:
         po[pool, TAIL] = o
     po[pool, HEAD] = o
 
 
 @njit(inline="always")
-def list_unlink(ob, po, pool, o):
-    p = ob[o, PRV]
-    n = ob[o, NXT]
+def list_unlink(ob, po, pool, o, prv=PRV, nxt=NXT):
+    p = ob[o, prv]
+    n = ob[o, nxt]
     if p != -1:
-        ob[p, NXT] = n
+        ob[p, nxt] = n
     else:
         po[pool, HEAD] = n
     if n != -1:
-        ob[n, PRV] = p
+        ob[n, prv] = p
     else:
         po[pool, TAIL] = p
 

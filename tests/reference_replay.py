@@ -12,7 +12,8 @@ import math
 import numpy as np
 
 COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
-            "first_choice_substitutions", "evictions")
+            "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme")
+COST_KEYS = ("dense_layer", "vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram", "copy_nvme")
 
 
 def _top(counts: dict, n: int) -> list:
@@ -22,7 +23,14 @@ def _top(counts: dict, n: int) -> list:
 
 def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, theta=0.15, admit=None,
                      allocation="per-layer", warm=False, warmup_tokens=0, reset_per_sequence=False,
-                     half_life=None, static_prefix=None):
+                     half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None):
+    """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
+    operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
+    experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
+    Negative ids in ``sel`` are padding (batched routing); ``wm``: the mass a substitution loses
+    (default: ``w``)."""
+    wm = w if wm is None else wm
+    cost = dict.fromkeys(COST_KEYS, 0.0) | (cost or {})
     T, L, k = sel.shape
     E = n_experts
     objs = [(l, e) for l in range(L) for e in range(E)]
@@ -30,7 +38,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     cap = {p: slots for p in range(L)} if allocation == "per-layer" else {0: slots * L}
 
     # every request in replay order, and each object's request positions
-    requests = [(t, l, r) for t in range(T) for l in range(L) for r in range(k)]
+    requests = [(t, l, r) for t in range(T) for l in range(L) for r in range(k) if sel[t, l, r] >= 0]
     positions: dict = {}
     for (t, l, r) in requests:
         positions.setdefault((l, int(sel[t, l, r])), []).append((t, l, r))
@@ -46,7 +54,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         for t in range(min(T, n_tokens)):
             for l in range(L):
                 for r in range(k):
-                    c[(l, int(sel[t, l, r]))] += 1
+                    if sel[t, l, r] >= 0:
+                        c[(l, int(sel[t, l, r]))] += 1
         return c
 
     def most_requested(counts):
@@ -59,7 +68,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         pinned = set(most_requested(request_counts(T if static_prefix is None else static_prefix)))
 
     layer = {l: dict.fromkeys(COUNTERS, 0) | {"mass": 0.0} for l in range(L)}
-    per_token = [dict.fromkeys(COUNTERS, 0) | {"mass": 0.0} for _ in range(T)]
+    per_token = [dict.fromkeys(COUNTERS, 0) | {"mass": 0.0, "seconds": 0.0, "stall": 0.0} for _ in range(T)]
 
     state = {}
 
@@ -70,7 +79,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         state["count"] = {}
         state["score"] = dict.fromkeys(objs, 0.0)
         state["acc"] = dict.fromkeys(objs, 0.0)
-        state["pending"] = {l: [] for l in range(L)}
+        state["pending"] = {l: [] for l in range(L)}  # (object, completion time), in link order
+        state["ram"] = list(ram_warm)  # least recently used first
         state["decay_base"] = t
         state["clock"] = 0
         if warm and eviction != "static":
@@ -80,8 +90,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             for i, o in enumerate(order):
                 state["cache"][pool_of(o)].add(o)
                 state["count"][o] = 1
-                state["last_use"][o] = (-1, -len(order) + i)
-                state["inserted"][o] = (-1, -len(order) + i)
+                state["last_use"][o] = (-1, 0, i)
+                state["inserted"][o] = (-1, 0, i)
 
     def resident(o):
         return o in pinned or o in state["cache"][pool_of(o)]
@@ -112,8 +122,25 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         state["last_use"][o] = stamp
         state["inserted"][o] = stamp
 
+    def from_nvme(o):
+        if ram_cap is None:
+            return False
+        if ram_cap == 0:
+            return True
+        ram = state["ram"]
+        if o in ram:
+            ram.remove(o)
+            ram.append(o)
+            return False
+        if len(ram) >= ram_cap:
+            ram.pop(0)
+        ram.append(o)
+        return True
+
+    clock = {"now": 0.0, "link": 0.0}
     inc = 1.0
     for t in range(T):
+        t_start = clock["now"]
         if t == 0 or (reset_per_sequence and seq[t] != seq[t - 1]):
             reset(t)
         if half_life:
@@ -128,26 +155,33 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         for l in range(L):
             c = layer[l] if counting else dict.fromkeys(COUNTERS, 0) | {"mass": 0.0}
             now_step = (t, l, -1)
-            for i, o in enumerate(state["pending"][l]):
+            clock["now"] += cost["dense_layer"]
+            queue = state["pending"][l]
+            i = 0
+            while queue and queue[0][1] <= clock["now"]:
+                o, _ = queue.pop(0)
                 if resident(o):
                     continue
-                insert(o, (t * L + l, -k + i), now_step, c, tc)
+                insert(o, (t * L + l, 0, i), now_step, c, tc)
+                i += 1
                 c["admissions"] += 1
                 tc["admissions"] += 1
-            state["pending"][l] = []
-            selected = {(l, int(e)) for e in sel[t, l]}
+            selected = {(l, int(e)) for e in sel[t, l] if e >= 0}
             ran_as_substitute = set()
             for r in range(k):
+                if sel[t, l, r] < 0:
+                    continue
                 o = (l, int(sel[t, l, r]))
                 wr = float(w[t, l, r])
                 now = (t, l, r)
-                stamp = (t * L + l, r)
+                stamp = (t * L + l, 1, r)
                 state["score"][o] += inc
                 c["requests"] += 1
                 tc["requests"] += 1
                 if resident(o):
                     c["hits"] += 1
                     tc["hits"] += 1
+                    clock["now"] += cost["vram"]
                     if o not in pinned:
                         if eviction != "fifo":
                             state["last_use"][o] = stamp
@@ -166,16 +200,31 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 if action == "fetch":
                     c["fetches"] += 1
                     tc["fetches"] += 1
+                    start = max(clock["now"], clock["link"])
+                    tc["stall"] += start - clock["now"]
+                    nvme = from_nvme(o)
+                    clock["link"] = start + cost["fetch_nvme" if nvme else "fetch_ram"]
+                    clock["now"] = clock["link"] + cost["vram"]
+                    if nvme:
+                        c["fetches_nvme"] += 1
+                        tc["fetches_nvme"] += 1
                     if eviction != "static":
                         insert(o, stamp, now, c, tc)
                     continue
                 if action == "cpu":
                     c["cpu"] += 1
                     tc["cpu"] += 1
+                    nvme = from_nvme(o)
+                    clock["now"] += cost["cpu_nvme" if nvme else "cpu_ram"]
+                    if nvme:
+                        c["cpu_nvme"] += 1
+                        tc["cpu_nvme"] += 1
                     continue
                 sub = None
                 if action == "substitute":
                     for e in cand[t, l]:
+                        if e < 0:
+                            continue
                         x = (l, int(e))
                         if resident(x) and x not in selected and x not in ran_as_substitute:
                             sub = x
@@ -186,19 +235,27 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     tc["substitutions"] += 1
                     if sub not in pinned and eviction != "fifo":
                         state["last_use"][sub] = stamp
+                    clock["now"] += cost["vram"]
                 else:
                     c["drops"] += 1
                     tc["drops"] += 1
-                c["mass"] += wr
-                tc["mass"] += wr
+                c["mass"] += float(wm[t, l, r])
+                tc["mass"] += float(wm[t, l, r])
                 if r == 0:
                     c["first_choice_substitutions"] += 1
                     tc["first_choice_substitutions"] += 1
                 if admit and eviction != "static":
                     state["acc"][o] += wr
-                    if state["acc"][o] >= admit:
+                    if state["acc"][o] >= admit and o not in [x for x, _ in queue]:
                         state["acc"][o] = 0.0
-                        state["pending"][l].append(o)
+                        start = max(clock["now"], clock["link"])
+                        nvme = from_nvme(o)
+                        clock["link"] = start + cost["copy_nvme" if nvme else "copy_ram"]
+                        queue.append((o, clock["link"]))
+                        for d in (c, tc):
+                            d["copies"] += 1
+                            d["copies_nvme"] += int(nvme)
+        tc["seconds"] = clock["now"] - t_start
     return layer, per_token
 
 

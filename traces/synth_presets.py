@@ -32,6 +32,7 @@ class RoutingKnobs:
     burst_frac: float = 0.0  # fraction of time an expert spends in a burst
     burst_len: float = 50.0  # mean burst length in tokens
     burst_boost: float = 0.0  # logit boost while bursting
+    noise: float = 1.0  # scale of the per-token Gumbel noise (the unit of every other score knob)
     temperature: float = 1.0  # stored logits = score / temperature: spreads or flattens the gate weights
     offset: float = 0.0  # added to stored logits (sets where sigmoid gating saturates)
     grid: float = 1.0 / 32  # stored logits are multiples of this (power of two: exact, compresses well)

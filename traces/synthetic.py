@@ -132,7 +132,9 @@ def _scores(base: np.ndarray, seq: np.ndarray, pos: np.ndarray, dom: np.ndarray,
         c = min(CHUNK_TOKENS, T - start)
         eps_z = rng.standard_normal((c, L, E), dtype=np.float32)
         u = rng.random((c, L, E), dtype=np.float32)
-        noise = rng.standard_normal((c, L, E), dtype=np.float32)
+        # Gumbel noise: the top-k of score + Gumbel is a draw of k experts without replacement with
+        # probabilities proportional to exp(score) (the Gumbel-top-k trick).
+        noise = rng.gumbel(0.0, knobs.noise, size=(c, L, E)).astype(np.float32)
         out = base[dom[start:start + c]]  # [c, L, E] (a copy)
         for i in range(c):
             if pos[start + i] == 0 or (start + i > 0 and seq[start + i] != seq[start + i - 1]):

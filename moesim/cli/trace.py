@@ -79,10 +79,11 @@ def command():
 @DENSE
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="Weights dtype (auto: as stored in the checkpoint).")
+@click.option("--device", default=None, help="torch device, e.g. cpu or cuda:0 (default: cuda when available).")
 @MODEL_ID
 @OUT
-def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype, model_id, out):
-    """Trace a local transformers checkpoint MODEL_DIR (PyTorch, CPU or GPU-less).
+def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype, device, model_id, out):
+    """Trace a local transformers checkpoint MODEL_DIR with PyTorch.
 
     Families: Qwen3-MoE, Qwen3-Next, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3,
     gpt-oss. Never downloads: MODEL_DIR must hold config.json, the weights and
@@ -92,7 +93,8 @@ def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype,
     _check_exclusive(candidates, dense)
     with _Progress("tracing") as tick:
         trace_hf(model_dir, texts, out, domains=domains, seq_len=seq_len, max_tokens=max_tokens,
-                 candidates=candidates, dense=dense, dtype=dtype, model_id=model_id, progress=tick)
+                 candidates=candidates, dense=dense, dtype=dtype, device=device, model_id=model_id,
+                 progress=tick)
     _done(out)
 
 

@@ -43,8 +43,9 @@ def check_model_dir(model_dir: str | os.PathLike) -> dict:
     return config
 
 
-def load_local(model_dir: str | os.PathLike, dtype: str = "auto"):
-    """(model, tokenizer) from a local directory, never the hub."""
+def load_local(model_dir: str | os.PathLike, dtype: str = "auto", device: str | None = None):
+    """(model, tokenizer) from a local directory, never the hub; on ``device`` (default:
+    the first CUDA GPU when there is one, else the CPU)."""
     check_model_dir(model_dir)
     torch, transformers = import_transformers()
     kw = {"local_files_only": True}
@@ -57,6 +58,12 @@ def load_local(model_dir: str | os.PathLike, dtype: str = "auto"):
         model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype, **kw)
     except (OSError, ValueError) as exc:
         raise MoesimError(f"{model_dir}: cannot load the model ({_first_line(exc)})") from None
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        model.to(device)
+    except (RuntimeError, AssertionError) as exc:
+        raise MoesimError(f"cannot move the model to {device} ({_first_line(exc)})") from None
     model.eval()
     return model, tok
 
@@ -83,7 +90,8 @@ def hf_sequences(tok, texts: Sequence[str], domains: Sequence[str] | None, seq_l
 
 def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.PathLike, *,
              domains: Sequence[str] | None = None, seq_len: int = 512, max_tokens: int | None = None,
-             candidates: int | None = None, dense: bool = False, dtype: str = "auto", model_id: str | None = None,
+             candidates: int | None = None, dense: bool = False, dtype: str = "auto", device: str | None = None,
+             model_id: str | None = None,
              progress: Callable[[int, int], None] | None = None, model=None, tokenizer=None) -> Path:
     """Teacher-forced forward passes of a local checkpoint over ``texts`` in sequences of
     ``seq_len`` tokens; writes the trace ``out``. ``model``/``tokenizer`` skip loading
@@ -94,7 +102,7 @@ def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.P
     from moesim.traces.tracers.torch_hooks import record_router
 
     if model is None or tokenizer is None:
-        model, tokenizer = load_local(model_dir, dtype)
+        model, tokenizer = load_local(model_dir, dtype, device)
     seqs = hf_sequences(tokenizer, texts, domains, seq_len, max_tokens)
     labels = [s.domain for s in seqs]
     doms = sorted({d for d in labels if d is not None}) or None
@@ -108,7 +116,7 @@ def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.P
                                                candidates=candidates, domains=doms, source=src) as rec:
         for s in seqs:
             rec.domain = s.domain
-            ids = torch.tensor([s.tokens], dtype=torch.long)
+            ids = torch.tensor([s.tokens], dtype=torch.long, device=model.device)
             model(input_ids=ids, use_cache=False)
             if progress is not None:
                 progress(len(s.tokens), src["tokens"])

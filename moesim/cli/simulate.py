@@ -1,0 +1,98 @@
+"""`moesim simulate`: replay a trace through one cache policy."""
+
+from __future__ import annotations
+
+import click
+
+from moesim.cli.output import FORMAT_OPTION, echo_json
+
+EVICTION_HELP = ("Eviction policy: lru, lfu, freq (freq:H = half-life of H tokens), fifo, "
+                 "static (static:W = pin from the first W tokens), belady.")
+MISS_HELP = ("Miss policy: fetch-all, threshold:θ (0.15 rule: threshold:0.15), first-choice, substitute, "
+             "drop, cpu.")
+
+
+def policy_options(f):
+    """Options shared by the commands that replay one configuration."""
+    opts = [
+        click.option("--eviction", "-e", default="lru", show_default=True, help=EVICTION_HELP),
+        click.option("--miss", "-m", default="fetch-all", show_default=True, help=MISS_HELP),
+        click.option("--admit", type=float, default=None,
+                     help="Background admission: a substituted/dropped expert whose gate weights add up to "
+                          "β is copied into the cache (admitted at the layer's next step)."),
+        click.option("--budget", "-b", type=float, default=None,
+                     help="Cache size as a fraction of each layer's routed experts: floor(F·E) slots per layer."),
+        click.option("--slots", "-s", type=int, default=None, help="Cache slots per layer."),
+        click.option("--allocation", type=click.Choice(["per-layer", "global"]), default="per-layer",
+                     show_default=True, help="One cache per layer, or one pool of slots·L shared by all layers."),
+        click.option("--warm", is_flag=True, help="Start with the most requested experts resident (default: cold)."),
+        click.option("--warmup-tokens", type=int, default=0, show_default=True,
+                     help="Replay but do not count the first W tokens."),
+        click.option("--reset-per-sequence", is_flag=True,
+                     help="Empty the cache at each new sequence (default: sequences replay back to back)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence):
+    from moesim.simulator import SimConfig
+
+    return SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
+                     warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence)
+
+
+@click.command("simulate")
+@click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
+@policy_options
+@click.option("--per-token", "per_token", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Also write the per-token series (hits, misses, substitutions, mass, ...) to this CSV or "
+                   "Parquet file.")
+@FORMAT_OPTION
+def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
+            per_token, fmt):
+    """Replay TRACE through one cache policy and print hit, miss, substitution
+    and gate-mass counters, in total and per layer. Give --budget or --slots.
+
+    Example: moesim simulate traces/qwen3next.parquet -e freq -m threshold:0.15 --admit 0.5 -b 0.25
+    """
+    from moesim.simulator import simulate
+    from moesim.traces import load_routing
+
+    config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence)
+    routing = load_routing(trace)
+    result = simulate(routing, config)
+    if per_token:
+        from moesim.reports.files import write_table
+
+        write_table(result.tokens_frame(), per_token)
+    doc = result.to_dict()
+    doc["trace"].update(path=trace, model=routing.meta.model_id)
+    if fmt == "json":
+        echo_json(doc)
+        return
+    for line in render(doc):
+        click.echo(line)
+
+
+def render(doc: dict) -> list[str]:
+    t = doc["totals"]
+    tag = "SYNTHETIC trace" if doc["trace"]["synthetic"] else "real trace"
+    lines = [
+        f"{doc['trace']['path']} ({doc['trace']['model']}, {tag})",
+        f"policy      {doc['config']['label']}"
+        + (f"  ({doc['slots_per_layer']} slots per layer)" if doc["config"]["budget"] is not None else ""),
+        f"requests    {t['requests']:,} over {doc['counted_tokens']:,} tokens",
+        f"hit rate    {100 * t['hit_rate']:.2f}%   misses {t['misses']:,} = fetches {t['fetches']:,} + "
+        f"substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}",
+        f"substituted {100 * t['substitution_rate']:.2f}% of requests, first choices {t['first_choice_substitutions']:,}"
+        f", mass per step {t['mass_per_step']:.4f}",
+        f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
+        "",
+        f"{'layer':>5} {'hit%':>7} {'fetch':>8} {'subst':>8} {'drop':>7} {'cpu':>8} {'mass/step':>10}",
+    ]
+    for r in doc["layers"]:
+        lines.append(f"{r['layer']:>5} {100 * r['hit_rate']:7.2f} {r['fetches']:8d} {r['substitutions']:8d} "
+                     f"{r['drops']:7d} {r['cpu']:8d} {r['mass_per_step']:10.4f}")
+    return lines

@@ -1,0 +1,69 @@
+"""The kernel's clock (link queue, background copies, host-RAM tier) against the reference."""
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+from reference_replay import COUNTERS, random_routing_arrays, reference_replay
+from replay_helpers import make_routing
+
+from moesim.costmodel.timing import cost_params
+from moesim.simulator import SimConfig, simulate
+
+EVICTIONS = ["lru", "lfu", "freq", "belady", "fifo", "static"]
+MISSES = ["fetch-all", "threshold:0.3", "first-choice", "substitute", "cpu"]
+
+
+def fake_cost(L, E, rng, ram_slots):
+    base = cost_params("qwen3-30b-a3b", "q4_k_m", "rtx3090-pcie4")
+    v = rng.uniform(0.5, 2.0, size=8)
+    return dataclasses.replace(
+        base, s_dense=v[0] * L, s_dense_per_seq=0.0, s_expert_vram=v[1] * 0.1, s_fetch_ram=v[2],
+        s_fetch_nvme=v[3] * 3, s_expert_cpu=v[4], s_expert_cpu_nvme=v[5] * 3, s_copy_link=v[6] * 2,
+        s_copy_nvme=v[7] * 5, ram_expert_slots=ram_slots, unified=False)
+
+
+@pytest.mark.parametrize("eviction,miss", list(itertools.product(EVICTIONS, MISSES)))
+def test_timed_kernel_matches_reference(eviction, miss):
+    rng = np.random.default_rng(abs(hash(("timed", eviction, miss))) % 2**32)
+    for T, L, E, k, M, n_seq, slots, ram_slots, alloc in [(60, 2, 12, 3, 8, 2, 3, 5, "per-layer"),
+                                                         (50, 3, 8, 2, 6, 1, 2, 30, "global"),
+                                                         (40, 1, 16, 4, 10, 1, 4, 0, "per-layer")]:
+        sel, w, cand, seq = random_routing_arrays(rng, T, L, E, k, M, n_seq)
+        routing = make_routing(sel, w, cand, seq, E)
+        cost = fake_cost(L, E, rng, ram_slots)
+        admit = None if miss in ("fetch-all", "cpu") else 0.4
+        config = SimConfig(eviction=eviction, miss=miss, slots=slots, admit=admit, allocation=alloc,
+                           reset_per_sequence=n_seq > 1)
+        res = simulate(routing, config, cost=cost)
+        ram_cap = ram_slots if ram_slots + slots * L < L * E else None
+        counts = {}
+        for t in range(T):
+            for l in range(L):
+                for e in sel[t, l]:
+                    counts[(l, int(e))] = counts.get((l, int(e)), 0) + 1
+        popular = sorted(((l, e) for l in range(L) for e in range(E)), key=lambda o: (-counts.get(o, 0), o))
+        ref_layers, ref_tokens = reference_replay(
+            sel, w, cand, seq, E, eviction=eviction, miss=miss.partition(":")[0],
+            theta=float(miss.partition(":")[2] or 0), slots=slots, admit=admit, allocation=alloc,
+            reset_per_sequence=n_seq > 1, ram_cap=ram_cap, ram_warm=list(reversed(popular[:ram_cap or 0])),
+            cost={"dense_layer": cost.s_dense / L, "vram": cost.s_expert_vram, "fetch_ram": cost.s_fetch_ram,
+                  "fetch_nvme": cost.s_fetch_nvme, "cpu_ram": cost.s_expert_cpu,
+                  "cpu_nvme": cost.s_expert_cpu_nvme, "copy_ram": cost.s_copy_link, "copy_nvme": cost.s_copy_nvme})
+        for i, name in enumerate(COUNTERS):
+            assert res.counts[:, i].tolist() == [ref_layers[l][name] for l in range(L)], f"{config.label()} {name}"
+        np.testing.assert_allclose(res.token_seconds, [x["seconds"] for x in ref_tokens], rtol=1e-9)
+        np.testing.assert_allclose(res.token_stall, [x["stall"] for x in ref_tokens], rtol=1e-9, atol=1e-12)
+        assert res.timing["s_per_token"] == pytest.approx(sum(x["seconds"] for x in ref_tokens) / T)
+
+
+def test_slow_link_delays_admission():
+    """With copies slower than a token, an admitted expert arrives later than the next step."""
+    rng = np.random.default_rng(5)
+    sel, w, cand, seq = random_routing_arrays(rng, 80, 1, 16, 4, 12, 1)
+    routing = make_routing(sel, w, cand, seq, 16)
+    free = simulate(routing, eviction="lru", miss="substitute", slots=4, admit=0.3)
+    slow = simulate(routing, eviction="lru", miss="substitute", slots=4, admit=0.3,
+                    cost=dataclasses.replace(fake_cost(1, 16, rng, 0), s_copy_link=50.0))
+    assert free.totals()["admissions"] > slow.totals()["admissions"] > 0
