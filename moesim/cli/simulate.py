@@ -30,45 +30,75 @@ def policy_options(f):
                      help="Replay but do not count the first W tokens."),
         click.option("--reset-per-sequence", is_flag=True,
                      help="Empty the cache at each new sequence (default: sequences replay back to back)."),
+        click.option("--batch", type=int, default=1, show_default=True,
+                     help="Decode B sequences in lock step; each layer reads the union of their experts."),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
 
 
-def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence):
+def cost_options(f):
+    """--hw/--model/--quant: the machine and model that price a replay."""
+    opts = [
+        click.option("--hw", default=None,
+                     help="Hardware preset or TOML file (moesim hw list; default rtx3090-pcie4)."),
+        click.option("--model", default=None,
+                     help="Model preset or TOML file (default: the preset matching the trace's model)."),
+        click.option("--quant", default=None, help="Quantization: bf16, q8_0, q4_k_m, ... (default: native)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
+                batch=1):
     from moesim.simulator import SimConfig
 
     return SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
-                     warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence)
+                     warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch)
 
 
 @click.command("simulate")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
 @policy_options
+@cost_options
 @click.option("--per-token", "per_token", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Also write the per-token series (hits, misses, substitutions, mass, ...) to this CSV or "
                    "Parquet file.")
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            per_token, fmt):
+            batch, hw, model, quant, per_token, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
-    and gate-mass counters, in total and per layer. Give --budget or --slots.
+    and gate-mass counters, in total and per layer, and the time per token on
+    the chosen machine (with the speed-up over fetch-all with the same eviction
+    and budget, replayed in the same run). Give --budget or --slots.
 
     Example: moesim simulate traces/qwen3next.parquet -e freq -m threshold:0.15 --admit 0.5 -b 0.25
     """
+    import dataclasses
+
+    from moesim.costmodel.pricing import cost_for_trace
     from moesim.simulator import simulate
     from moesim.traces import load_routing
 
-    config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence)
+    config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
+                         batch)
     routing = load_routing(trace)
-    result = simulate(routing, config)
+    cost, cost_note = cost_for_trace(routing.meta, hw, model, quant)
+    result = simulate(routing, config, cost=cost)
     if per_token:
         from moesim.reports.files import write_table
 
         write_table(result.tokens_frame(), per_token)
     doc = result.to_dict()
     doc["trace"].update(path=trace, model=routing.meta.model_id)
+    doc["priced_as"] = cost_note
+    if cost is not None:
+        base = result if config.miss == "fetch-all" else simulate(
+            routing, dataclasses.replace(config, miss="fetch-all"), cost=cost)
+        doc["speedup_vs_fetch_all"] = base.timing["s_per_token"] / result.timing["s_per_token"]
     if fmt == "json":
         echo_json(doc)
         return
@@ -89,6 +119,22 @@ def render(doc: dict) -> list[str]:
         f"substituted {100 * t['substitution_rate']:.2f}% of requests, first choices {t['first_choice_substitutions']:,}"
         f", mass per step {t['mass_per_step']:.4f}",
         f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
+    ]
+    if "timing" in doc:
+        tm = doc["timing"]
+        by = tm["bytes_per_token"]
+        lines += [
+            f"time        {1e3 * tm['s_per_token']:.2f} ms/token ({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
+            f"{doc['speedup_vs_fetch_all']:.2f}x fetch-all; {doc['priced_as']}",
+            f"moved/token link {by['link_sync'] / 1e6:.1f} MB sync + {by['link_background'] / 1e6:.1f} MB background, "
+            f"NVMe {by['nvme'] / 1e6:.1f} MB, CPU {by['cpu'] / 1e6:.1f} MB",
+        ]
+        if not tm["fits_in_vram"]:
+            lines.append(f"warning     the cache needs {tm['vram_bytes_for_cache'] / 2**30:.1f} GiB of VRAM; "
+                         f"{tm['hw']} has {tm['vram_bytes_free_for_experts'] / 2**30:.1f} GiB free for experts")
+    else:
+        lines.append(f"time        not priced: {doc['priced_as']}")
+    lines += [
         "",
         f"{'layer':>5} {'hit%':>7} {'fetch':>8} {'subst':>8} {'drop':>7} {'cpu':>8} {'mass/step':>10}",
     ]

@@ -20,7 +20,7 @@ import numpy as np
 from moesim.costmodel.models import QUANT_BITS
 from moesim.errors import MoesimError
 from moesim.traces.tracers.recorder import Capture, RouterRecorder
-from moesim.traces.tracers.texts import TokenSequence, source_meta, split_sequences
+from moesim.traces.tracers.texts import source_meta, split_sequences
 
 TRACER_NAME = "moesim.llama_cpp"
 TRACER_VERSION = "1"
@@ -99,6 +99,7 @@ class _Collector:
         self.lib = lib
         self.parts: dict[tuple[str, int], list[np.ndarray]] = {}
         self.error: BaseException | None = None
+        self.weight_steps: set[str] = set()
         self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._cb)
 
     def _cb(self, tensor_ptr, ask, user_data):
@@ -360,4 +361,4 @@ def _recorder(out, g, path, caps, collector, candidates, dense, doms, src, model
                           domains=doms, selection_bias=bias)
 
 
-__all__ = ["trace_llama", "gguf_meta", "TokenSequence"]
+__all__ = ["trace_llama", "gguf_meta"]

@@ -54,7 +54,8 @@ def find_routers(model) -> dict[int, Any]:
 
 
 def _layer_of(name: str, fallback: int) -> int:
-    m = re.search(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)(?:\.|$)", name) or re.search(r"(?:^|\.)(\d+)(?:\.|$)", name)
+    m = (re.search(r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)(?:\.|$)", name)
+         or re.search(r"(?:^|\.)(\d+)(?:\.|$)", name))
     return int(m.group(1)) if m else fallback
 
 
