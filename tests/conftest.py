@@ -13,7 +13,7 @@ SHARED = Path(os.environ.get("MOESIM_SHARED", REPO.parent / "shared"))
 FLAME = SHARED / "data" / "flame-moe-290m"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def flame_dir() -> Path:
     if not FLAME.is_dir():
         pytest.skip(f"real FLAME-MoE sample not found at {FLAME} (set MOESIM_SHARED to ../shared)")

@@ -1,0 +1,198 @@
+"""Charts of one trace: hit rate and substitutions over tokens with the domain segments, expert
+overlap between domains, and the gate-weight distribution. Every builder aggregates first
+(rolling windows sampled at a few hundred tokens, histograms, a D x D matrix)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from moesim.reports.charts import Figure, check_rows, title
+from moesim.reports.profile import GATE_THRESHOLD
+from moesim.simulator.kernel import COUNTER_NAMES
+
+SERIES_POINTS = 400
+GATE_BIN = 0.025  # 0.15 is a bin edge, so the threshold line never splits a bar
+
+_C = {name: i for i, name in enumerate(COUNTER_NAMES)}
+
+
+def rolling_window(n_tokens: int) -> int:
+    """Tokens per rolling window: about 1/40 of the trace, at least 16 (shorter is all noise)."""
+    return max(16, min(n_tokens, n_tokens // 40))
+
+
+def token_series(result, label: str, window: int, points: int = SERIES_POINTS):
+    """Rolling hit rate and substitution rate (% of the window's requests) of one replay,
+    sampled at <= ``points`` steps. A sample at step t covers steps (t - window, t]."""
+    import polars as pl
+
+    c = result.token_counts
+    req = np.concatenate([[0], np.cumsum(c[:, _C["requests"]])])
+    hits = np.concatenate([[0], np.cumsum(c[:, _C["hits"]])])
+    subs = np.concatenate([[0], np.cumsum(c[:, _C["substitutions"]] + c[:, _C["drops"]])])
+    mass = np.concatenate([[0.0], np.cumsum(result.token_mass)])
+    T = len(c)
+    window = min(window, T)
+    ends = np.unique(np.linspace(window, T, min(points, T - window + 1)).round().astype(np.int64))
+    starts = ends - window
+    r = (req[ends] - req[starts]).astype(np.float64)
+    r[r == 0] = np.nan
+    L = len(result.layer_ids)
+    return pl.DataFrame({
+        "policy": [label] * len(ends),
+        "token": ends - 1,
+        "hit_rate_pct": 100 * (hits[ends] - hits[starts]) / r,
+        "substituted_pct": 100 * (subs[ends] - subs[starts]) / r,
+        "mass_per_step": (mass[ends] - mass[starts]) / (window * L),
+    })
+
+
+def domain_segments(routing):
+    """Runs of consecutive tokens with the same (sequence, domain): start, end (exclusive), domain."""
+    import polars as pl
+
+    dom = np.asarray(routing.domain)
+    seq = np.asarray(routing.seq)
+    T = len(dom)
+    change = np.flatnonzero((dom[1:] != dom[:-1]) | (seq[1:] != seq[:-1])) + 1
+    starts = np.concatenate([[0], change])
+    ends = np.concatenate([change, [T]])
+    names = [routing.domain_names[d] if d >= 0 else "(no domain)" for d in dom[starts]]
+    new_seq = np.concatenate([[False], seq[starts[1:]] != seq[starts[1:] - 1]])
+    return pl.DataFrame({"start": starts, "end": ends, "domain": names, "new_sequence": new_seq})
+
+
+def rolling_chart(series, segments, *, synthetic: bool, window: int, budget_note: str) -> Figure:
+    """Two stacked panels over tokens (hit rate, substituted share) with a strip of domain segments
+    on top and a rule at every domain or sequence boundary."""
+    import altair as alt
+    import polars as pl
+
+    check_rows(series, "rolling series")
+    check_rows(segments, "domain segments")
+    has_domains = segments["domain"].n_unique() > 1 or segments["domain"][0] != "(no domain)"
+    T = int(segments["end"].max())
+    x_scale = alt.Scale(domain=[0, T], nice=False, zero=True)
+    x_title = "token (replay order: sequence, then position)"
+    bounds = segments.filter(pl.col("start") > 0)
+    rules = alt.Chart(bounds).mark_rule(color="#999", strokeDash=[3, 3], strokeWidth=0.8).encode(
+        x=alt.X("start:Q", scale=x_scale),
+        tooltip=[alt.Tooltip("start:Q", title="boundary at token"), alt.Tooltip("domain:N", title="next domain")],
+    )
+    strip = alt.Chart(segments).mark_rect().encode(
+        x=alt.X("start:Q", scale=x_scale, title=None, axis=alt.Axis(labels=False, ticks=False)),
+        x2="end:Q",
+        color=alt.Color("domain:N", title="domain", scale=alt.Scale(scheme="set2")),
+        tooltip=["domain:N", alt.Tooltip("start:Q", title="first token"), alt.Tooltip("end:Q", title="end token")],
+    ).properties(width=640, height=14, title=alt.TitleParams("domain of each token" if has_domains
+                                                             else "no domain column: sequences only",
+                                                             fontSize=11, anchor="start", fontWeight="normal"))
+    policy = alt.Color("policy:N", title="policy")
+
+    def panel(field_name: str, y_title: str, domain=None):
+        line = alt.Chart(series).mark_line(strokeWidth=1.4).encode(
+            x=alt.X("token:Q", scale=x_scale, title=x_title),
+            y=alt.Y(f"{field_name}:Q", title=y_title,
+                    scale=alt.Scale(domain=domain) if domain else alt.Undefined),
+            color=policy,
+            tooltip=["policy:N", "token:Q", alt.Tooltip(f"{field_name}:Q", format=".2f", title=y_title)],
+        )
+        return alt.layer(rules, line).properties(width=640, height=170)
+
+    chart = alt.vconcat(
+        strip,
+        panel("hit_rate_pct", "hit rate (% of requests)", [0, 100]),
+        panel("substituted_pct", "substituted or dropped (% of requests)"),
+        spacing=6,
+    ).resolve_scale(color="independent").properties(
+        title=title("Hit rate and substitutions over the trace", synthetic,
+                    [f"rolling window of {window} tokens; {budget_note}; dashed lines: domain or sequence "
+                     "boundaries"]))
+    caption = (f"Rolling hit rate and share of substituted (or dropped) requests over the trace, in windows of "
+               f"{window} tokens, for the named policies ({budget_note}). The strip on top colours each token by "
+               "its domain; dashed lines mark a change of domain or sequence, where the cache has to re-warm.")
+    return Figure("rolling_hit_rate", chart, caption)
+
+
+def similarity_chart(sim: dict, *, synthetic: bool) -> Figure:
+    """The profile's D x D weighted-Jaccard matrix of expert use between domains."""
+    import altair as alt
+    import polars as pl
+
+    names = sim["domains"]
+    rows = [{"a": a, "b": b, "similarity": float(sim["matrix"][i][j])}
+            for i, a in enumerate(names) for j, b in enumerate(names)]
+    frame = check_rows(pl.DataFrame(rows), "domain similarity")
+    base = alt.Chart(frame).encode(
+        x=alt.X("a:N", title="domain", sort=names),
+        y=alt.Y("b:N", title="domain", sort=names),
+    )
+    cells = base.mark_rect().encode(
+        color=alt.Color("similarity:Q", title="weighted Jaccard", scale=alt.Scale(domain=[0, 1], scheme="blues")),
+        tooltip=["a:N", "b:N", alt.Tooltip("similarity:Q", format=".3f")],
+    )
+    text = base.mark_text(fontSize=12).encode(
+        text=alt.Text("similarity:Q", format=".2f"),
+        color=alt.condition("datum.similarity > 0.6", alt.value("white"), alt.value("black")),
+    )
+    side = max(160, 60 * len(names))
+    chart = alt.layer(cells, text).properties(
+        width=side, height=side,
+        title=title("Expert overlap between domains", synthetic,
+                    "weighted Jaccard of expert-request shares, mean over layers (1 = same experts, 0 = disjoint)"))
+    caption = ("How much two domains use the same experts: per layer, the weighted Jaccard similarity of the "
+               "domains' expert-request distributions, averaged over layers (definition: docs/profile.md). "
+               "Low values mean a cache warmed on one domain misses on the other.")
+    return Figure("domain_similarity", chart, caption)
+
+
+def gate_histogram_frame(w: np.ndarray):
+    """Share (%) of all selected experts per gate-weight bin, split into first choices and the rest."""
+    import polars as pl
+
+    w = np.asarray(w, dtype=np.float64)
+    total = w.size
+    edges = np.linspace(0.0, 1.0, int(round(1 / GATE_BIN)) + 1)
+    first, _ = np.histogram(w[..., 0].ravel(), bins=edges)
+    rest, _ = np.histogram(w[..., 1:].ravel(), bins=edges)
+    frames = []
+    for name, counts in (("first choice (rank 1)", first), ("ranks 2..k", rest)):
+        frames.append(pl.DataFrame({"rank": [name] * len(counts), "lo": edges[:-1], "hi": edges[1:],
+                                    "share_pct": 100 * counts / total, "count": counts}))
+    return pl.concat(frames)
+
+
+def gate_chart(w: np.ndarray, *, synthetic: bool, threshold: float = GATE_THRESHOLD) -> Figure:
+    import altair as alt
+    import polars as pl
+
+    frame = check_rows(gate_histogram_frame(w), "gate weights")
+    w64 = np.asarray(w, dtype=np.float64)
+    above = 100 * float((w64 >= threshold).mean())
+    bars = alt.Chart(frame).mark_bar(stroke="white", strokeWidth=0.3).encode(
+        x=alt.X("lo:Q", title="normalized gate weight w (sums to 1 over the k selected experts)",
+                scale=alt.Scale(domain=[0, 1]), bin="binned"),
+        x2="hi:Q",
+        y=alt.Y("share_pct:Q", title="share of selected experts (%)", stack="zero"),
+        color=alt.Color("rank:N", title="rank", scale=alt.Scale(range=["#4c78a8", "#f58518"])),
+        tooltip=["rank:N", alt.Tooltip("lo:Q", title="from w"), alt.Tooltip("hi:Q", title="to w"),
+                 alt.Tooltip("share_pct:Q", format=".2f", title="% of selected"), "count:Q"],
+    )
+    rule_data = pl.DataFrame({"w": [threshold], "label": [f"0.15 rule: fetch if w >= {threshold:g}"]})
+    rule = alt.Chart(rule_data).mark_rule(color="#d62728", strokeWidth=2, strokeDash=[6, 3]).encode(x="w:Q")
+    label = alt.Chart(rule_data).mark_text(align="left", dx=5, dy=8, color="#d62728", baseline="top").encode(
+        x="w:Q", y=alt.value(0), text="label:N")
+    chart = alt.layer(bars, rule, label).properties(
+        width=560, height=260,
+        title=title("Gate-weight distribution of the selected experts", synthetic,
+                    f"{above:.1f}% of selected experts have w >= {threshold:g}; mean first-choice weight "
+                    f"{float(w64[..., 0].mean()):.3f}"))
+    caption = (f"Distribution of the normalized gate weights of every selected expert (all tokens and layers), "
+               f"first choices apart from the others. The dashed line is the 0.15 rule's threshold: a miss below it "
+               f"(and not the first choice) is substituted instead of fetched; {above:.1f}% of selected experts lie "
+               "at or above it.")
+    return Figure("gate_weights", chart, caption)
+
+
+__all__ = ["token_series", "domain_segments", "rolling_chart", "rolling_window", "similarity_chart",
+           "gate_histogram_frame", "gate_chart"]
