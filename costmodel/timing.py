@@ -45,7 +45,9 @@ class CostParams:
     ``s_nvme_read`` is NVMe -> host RAM alone (admission into a host-RAM tier). On a unified-memory machine nothing
     is copied: ``s_fetch_ram = s_copy_link = 0`` and ``s_fetch_nvme = s_nvme_read``.
     ``vram_expert_slots`` / ``ram_expert_slots``: how many experts fit in VRAM after the dense weights and the
-    reserve, and in host RAM beyond those (tiers exclusive; 0 means none).
+    reserve, and in host RAM beyond those (tiers exclusive; 0 means none). ``ram_expert_capacity``: how many
+    experts host RAM holds in all (inclusive of the VRAM copies, as an offloading engine keeps every expert in
+    host memory); a replay's host-RAM tier has this size.
     """
 
     model: str
@@ -79,6 +81,7 @@ class CostParams:
     gpu_flops: float  # effective FLOP/s of the GPU
     link_bandwidth: float  # bytes/s (inf on unified memory)
     nvme_bandwidth: float
+    ram_expert_capacity: int = 0
 
     def kernel_tuple(self) -> tuple[float, ...]:
         """The float fields in KERNEL_FIELDS order, for a numba kernel."""
@@ -198,7 +201,7 @@ def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = 
         s_copy_link=s_fetch_ram, s_copy_nvme=s_fetch_nvme, vram_expert_slots=int(vram_slots),
         ram_expert_slots=int(ram_slots), unified=unified, flops_per_token=flops_per_token,
         attn_flops_per_ctx_token=_attn_flops_per_ctx_token(m), gpu_flops=h.gpu_flops, link_bandwidth=link_bw,
-        nvme_bandwidth=nvme_bw,
+        nvme_bandwidth=nvme_bw, ram_expert_capacity=min(total_experts, max(0, int(ram_left // bpe))),
     )
 
 

@@ -6,6 +6,9 @@ expert with the lowest (priority, last-use tick) is evicted), add one row to
 EVICTIONS, one branch to ``priority`` below, and its reference implementation
 in tests/reference_replay.py.
 
+A "none" policy pins a fixed set instead: its module defines ``pinned(counts,
+slots, allocation)`` returning the pinned object ids (layer * E + expert).
+
 Structures: "list" — recency/insertion-ordered linked list (MOVE_ON_ACCESS says
 whether a use moves the expert to the front); "heap" — indexed min-heap on
 (priority, last-use tick); "none" — a fixed pinned set.
@@ -13,10 +16,10 @@ whether a use moves the expert to the front); "heap" — indexed min-heap on
 
 from numba import njit
 
-from moesim.policies import belady, fifo, freq, lfu, lru, static
+from moesim.policies import belady, fifo, freq, lfu, lru, static, static_layers
 
 # code -> module; codes are what the numba kernel sees (plain ints)
-EVICTIONS = {0: lru, 1: fifo, 2: lfu, 3: freq, 4: belady, 5: static}
+EVICTIONS = {0: lru, 1: fifo, 2: lfu, 3: freq, 4: belady, 5: static, 6: static_layers}
 
 STRUCTURES = {"list": 0, "heap": 1, "none": 2}
 BY_NAME = {m.NAME: code for code, m in EVICTIONS.items()}
@@ -39,6 +42,10 @@ def eviction_code(name: str) -> int:
 
 def structure_code(code: int) -> int:
     return STRUCTURES[EVICTIONS[code].STRUCTURE]
+
+
+def module(code: int):
+    return EVICTIONS[code]
 
 
 def move_on_access(code: int) -> bool:

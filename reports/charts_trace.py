@@ -11,6 +11,7 @@ from moesim.reports.profile import GATE_THRESHOLD
 from moesim.simulator.kernel import COUNTER_NAMES
 
 SERIES_POINTS = 400
+MAX_RULES = 60
 GATE_BIN = 0.025  # 0.15 is a bin edge, so the threshold line never splits a bar
 
 _C = {name: i for i, name in enumerate(COUNTER_NAMES)}
@@ -75,12 +76,22 @@ def rolling_chart(series, segments, *, synthetic: bool, window: int, budget_note
     x_scale = alt.Scale(domain=[0, T], nice=False, zero=True)
     x_title = "token (replay order: sequence, then position)"
     bounds = segments.filter(pl.col("start") > 0)
-    rules = alt.Chart(bounds).mark_rule(color="#999", strokeDash=[3, 3], strokeWidth=0.8).encode(
+    dense = bounds.height > MAX_RULES
+    if dense:  # a rule per topic change would hide the lines: keep the sequence starts, the strip shows the rest
+        bounds = bounds.filter(pl.col("new_sequence"))
+    rule_note = ("solid lines: new sequences (domain changes: the strip)" if dense
+                 else "dashed lines: domain changes, solid lines: new sequences" if bounds.height
+                 else "one sequence, no domain changes")
+    rules = alt.Chart(bounds).mark_rule(strokeWidth=0.8).encode(
         x=alt.X("start:Q", scale=x_scale),
-        tooltip=[alt.Tooltip("start:Q", title="boundary at token"), alt.Tooltip("domain:N", title="next domain")],
+        # a new sequence starts from a cold context: a solid line; a topic change inside one: dashed
+        strokeDash=alt.condition("datum.new_sequence", alt.value([1, 0]), alt.value([3, 3])),
+        color=alt.condition("datum.new_sequence", alt.value("#333"), alt.value("#999")),
+        tooltip=[alt.Tooltip("start:Q", title="boundary at token"), alt.Tooltip("domain:N", title="next domain"),
+                 alt.Tooltip("new_sequence:N", title="new sequence")],
     )
     strip = alt.Chart(segments).mark_rect().encode(
-        x=alt.X("start:Q", scale=x_scale, title=None, axis=alt.Axis(labels=False, ticks=False)),
+        x=alt.X("start:Q", scale=x_scale, axis=None),
         x2="end:Q",
         color=alt.Color("domain:N", title="domain", scale=alt.Scale(scheme="set2")),
         tooltip=["domain:N", alt.Tooltip("start:Q", title="first token"), alt.Tooltip("end:Q", title="end token")],
@@ -89,9 +100,10 @@ def rolling_chart(series, segments, *, synthetic: bool, window: int, budget_note
                                                              fontSize=11, anchor="start", fontWeight="normal"))
     policy = alt.Color("policy:N", title="policy")
 
-    def panel(field_name: str, y_title: str, domain=None):
+    def panel(field_name: str, y_title: str, domain=None, bottom=True):
+        x_axis = alt.Axis(title=x_title) if bottom else alt.Axis(title=None, labels=False)
         line = alt.Chart(series).mark_line(strokeWidth=1.4).encode(
-            x=alt.X("token:Q", scale=x_scale, title=x_title),
+            x=alt.X("token:Q", scale=x_scale, axis=x_axis),
             y=alt.Y(f"{field_name}:Q", title=y_title,
                     scale=alt.Scale(domain=domain) if domain else alt.Undefined),
             color=policy,
@@ -99,18 +111,18 @@ def rolling_chart(series, segments, *, synthetic: bool, window: int, budget_note
         )
         return alt.layer(rules, line).properties(width=640, height=170)
 
-    chart = alt.vconcat(
-        strip,
-        panel("hit_rate_pct", "hit rate (% of requests)", [0, 100]),
+    panels = alt.vconcat(
+        panel("hit_rate_pct", "hit rate (% of requests)", [0, 100], bottom=False),
         panel("substituted_pct", "substituted or dropped (% of requests)"),
-        spacing=6,
-    ).resolve_scale(color="independent").properties(
+        spacing=8,
+    )
+    chart = alt.vconcat(strip, panels, spacing=6).resolve_scale(color="independent").properties(
         title=title("Hit rate and substitutions over the trace", synthetic,
-                    [f"rolling window of {window} tokens; {budget_note}; dashed lines: domain or sequence "
-                     "boundaries"]))
+                    f"rolling window of {window} tokens; {budget_note}; {rule_note}"))
     caption = (f"Rolling hit rate and share of substituted (or dropped) requests over the trace, in windows of "
                f"{window} tokens, for the named policies ({budget_note}). The strip on top colours each token by "
-               "its domain; dashed lines mark a change of domain or sequence, where the cache has to re-warm.")
+               "its domain; vertical lines mark a change of domain (dashed) or a new sequence (solid), where the cache "
+               "has to re-warm.")
     return Figure("rolling_hit_rate", chart, caption)
 
 
@@ -124,7 +136,7 @@ def similarity_chart(sim: dict, *, synthetic: bool) -> Figure:
             for i, a in enumerate(names) for j, b in enumerate(names)]
     frame = check_rows(pl.DataFrame(rows), "domain similarity")
     base = alt.Chart(frame).encode(
-        x=alt.X("a:N", title="domain", sort=names),
+        x=alt.X("a:N", title="domain", sort=names, axis=alt.Axis(labelAngle=0)),
         y=alt.Y("b:N", title="domain", sort=names),
     )
     cells = base.mark_rect().encode(

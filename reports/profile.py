@@ -97,22 +97,33 @@ def profile(routing: Routing, trace: str | None = None) -> dict:
     T, L, k = r.sel.shape
     E = r.n_experts
     counts = expert_counts(r.sel, E)
+    reuse = reuse_per_layer(r.sel, consecutive_pairs(r.seq, r.pos))
+    path = trace if trace is not None else (str(r.path) if r.path is not None else None)
+    doc = _from_counts(r.meta, counts, reuse, path)
+    doc.update(sequences=int(r.n_sequences), domain_similarity=domain_similarity(r), gate=gate_stats(r.w))
+    return doc
+
+
+def _from_counts(meta, counts: np.ndarray, reuse: np.ndarray, path) -> dict:
+    """The statistics that need only per-layer request counts (and the reuse, when known)."""
+    L, E = counts.shape
+    k = meta.top_k
+    T = int(counts[0].sum() // k)
     f = counts / T
     chance_marginal = (f ** 2).sum(axis=1) / k
     ws = working_set(counts) / E
-    reuse = reuse_per_layer(r.sel, consecutive_pairs(r.seq, r.pos))
     layers = [
-        {"layer": int(r.meta.moe_layers[i]), "reuse_next_token": _num(reuse[i]),
+        {"layer": int(meta.moe_layers[i]), "reuse_next_token": _num(reuse[i]),
          "reuse_chance_marginal": float(chance_marginal[i]), "working_set_95": float(ws[i])}
         for i in range(L)
     ]
-    path = trace if trace is not None else (str(r.path) if r.path is not None else None)
     return {
         "trace": path,
-        "model": r.meta.model_id,
-        "synthetic": bool(r.meta.synthetic),
-        "tokens": int(T),
-        "sequences": int(r.n_sequences),
+        "model": meta.model_id,
+        "synthetic": bool(meta.synthetic),
+        "frequency_only": bool(meta.frequency_only),
+        "tokens": T,
+        "sequences": None,
         "n_layers": int(L),
         "experts": int(E),
         "top_k": int(k),
@@ -121,9 +132,29 @@ def profile(routing: Routing, trace: str | None = None) -> dict:
         "reuse_chance_marginal": float(chance_marginal.mean()),
         "working_set_95": float(ws.mean()),
         "layers": layers,
-        "domain_similarity": domain_similarity(r),
-        "gate": gate_stats(r.w),
+        "domain_similarity": {"measure": SIMILARITY_MEASURE, "domains": [], "matrix": []},
+        "gate": None,
     }
+
+
+TABLE3_EVICTIONS = ("lru", "lfu", "static", "belady")
+
+
+def cache_hit_rates(routing: Routing, budget: float | None = None, slots: int | None = None,
+                    evictions=TABLE3_EVICTIONS) -> dict:
+    """The second study's Table 3: the fetch-all hit rate of each eviction at one budget,
+    overall and per layer (cold start, one cache per layer, every sequence back to back)."""
+    from moesim.simulator import SimConfig, simulate
+
+    rows, overall, n_slots = {}, {}, None
+    for ev in evictions:
+        res = simulate(routing, SimConfig(eviction=ev, miss="fetch-all", budget=budget, slots=slots))
+        n_slots = res.slots_per_layer
+        overall[ev] = res.totals()["hit_rate"]
+        for row in res.layer_rows():
+            rows.setdefault(row["layer"], {"layer": row["layer"]})[ev] = row["hit_rate"]
+    return {"budget": budget, "slots_per_layer": n_slots, "miss": "fetch-all", "hit_rate": overall,
+            "layers": list(rows.values())}
 
 
 def _num(x) -> float | None:
@@ -131,15 +162,29 @@ def _num(x) -> float | None:
     return x if np.isfinite(x) else None
 
 
-def profile_trace(path) -> dict:
-    """Load (selections and weights only) and profile a trace file."""
+def profile_trace(path, budget: float | None = None, slots: int | None = None) -> dict:
+    """Load (selections and weights only) and profile a trace file; with a budget (or
+    slots), add the Table-3 hit rates under ``cache``. A frequency-only trace (expert
+    counts without time order) gets the statistics counts allow: no reuse, gate or cache."""
+    from moesim.errors import MoesimError
     from moesim.traces.reader import TraceFile
     from moesim.traces.routing import decode
+    from moesim.traces.routing import expert_counts as file_counts
 
     tf = TraceFile(path)
+    if tf.meta.frequency_only:
+        if budget is not None or slots is not None:
+            raise MoesimError(f"{path}: a frequency-only trace has no time order, so cache hit rates cannot be "
+                              "replayed; profile it without --budget/--slots")
+        counts = file_counts(tf)
+        return _from_counts(tf.meta, counts, np.full(counts.shape[0], np.nan), str(path))
     # The profile needs only the k selected experts; keeping k candidates saves memory on wide traces.
-    return profile(decode(tf, candidates=tf.meta.top_k), trace=str(path))
+    routing = decode(tf, candidates=tf.meta.top_k)
+    doc = profile(routing, trace=str(path))
+    if budget is not None or slots is not None:
+        doc["cache"] = cache_hit_rates(routing, budget, slots)
+    return doc
 
 
-__all__ = ["profile", "profile_trace", "expert_counts", "consecutive_pairs", "reuse_per_layer", "working_set",
+__all__ = ["profile", "profile_trace", "cache_hit_rates", "expert_counts", "consecutive_pairs", "reuse_per_layer", "working_set",
            "domain_similarity", "gate_stats"]

@@ -2,8 +2,8 @@
 
 from moesim.simulator.jitcache import numba_cache_dir
 
-with numba_cache_dir():
-    from moesim.simulator import kernel  # noqa: F401  (decorated under the source-hashed cache dir)
+with numba_cache_dir():  # every module with cached jitted functions is decorated under the hashed dir
+    from moesim.simulator import batch, kernel, stack_distance  # noqa: F401
 
 from moesim.simulator.config import SimConfig
 from moesim.simulator.driver import simulate

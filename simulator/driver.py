@@ -10,7 +10,8 @@ import numpy as np
 
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
-from moesim.policies.registry import eviction_code, move_on_access, structure_code
+from moesim.policies.registry import STRUCTURES, eviction_code, module, move_on_access, structure_code
+from moesim.policies.static import most_requested
 from moesim.simulator import kernel
 from moesim.simulator.batch import batch_routing
 from moesim.simulator.config import SimConfig
@@ -41,22 +42,6 @@ def request_counts(routing: Routing, n_tokens: int | None = None) -> np.ndarray:
     a = arrays(routing)
     T = routing.n_tokens if n_tokens is None else min(int(n_tokens), routing.n_tokens)
     return kernel.request_counts(a["sel"], routing.n_experts, T).reshape(routing.n_layers, routing.n_experts)
-
-
-def most_requested(counts: np.ndarray, slots: int, allocation: str) -> np.ndarray:
-    """Object ids (layer * E + expert) of the most requested experts: the top ``slots``
-    of each layer, or the top slots * L overall for a global pool. Equal counts: lower
-    layer, then lower expert id first. Returned most popular first."""
-    L, E = counts.shape
-    flat = counts.reshape(-1)
-    if allocation == "global":
-        order = np.lexsort((np.arange(L * E), -flat))
-        return order[: slots * L].astype(np.int64)
-    out = []
-    for l in range(L):
-        order = np.lexsort((np.arange(E), -counts[l]))[:slots]
-        out.append(l * E + order)
-    return np.concatenate(out).astype(np.int64)
 
 
 def _pools(config: SimConfig, L: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
@@ -122,15 +107,15 @@ def simulate(routing: Routing | str | os.PathLike, config: SimConfig | None = No
     code = eviction_code(name)
     pinned = np.zeros(L * E, np.bool_)
     warm_objs = np.zeros(0, np.int64)
-    if name == "static":
+    if structure_code(code) == STRUCTURES["none"]:
         prefix_counts = counts_all if param is None else request_counts(routing, int(param))
-        pinned[most_requested(prefix_counts, slots, config.allocation)] = True
+        pinned[module(code).pinned(prefix_counts, slots, config.allocation)] = True
     elif config.warm:
         # least popular first, so the most popular experts are the most recently inserted
         warm_objs = most_requested(counts_all, slots, config.allocation)[::-1].copy()
         if config.allocation == "per-layer":
             warm_objs = np.concatenate([warm_objs[warm_objs // E == l] for l in range(L)])
-    ram_cap, ram_warm = _ram_tier(cost, counts_all, slots * L)
+    ram_cap, ram_warm = _ram_tier(cost, counts_all)
     half_life = float(param) if (name == "freq" and param is not None) else 0.0
     miss_code = miss_mod.MISS_POLICIES[config.miss_name][0]
 
@@ -166,13 +151,13 @@ def simulate(routing: Routing | str | os.PathLike, config: SimConfig | None = No
     return result
 
 
-def _ram_tier(cost, counts: np.ndarray, vram_slots: int) -> tuple[int, np.ndarray]:
+def _ram_tier(cost, counts: np.ndarray) -> tuple[int, np.ndarray]:
     """Host-RAM tier capacity (-1: all experts fit) and its initial content: the most
     requested experts that fit, least popular first (a warm page cache)."""
     L, E = counts.shape
-    if cost is None or cost.ram_expert_slots + vram_slots >= L * E or cost.unified:
+    if cost is None or cost.ram_expert_capacity >= L * E or cost.unified:
         return -1, np.zeros(0, np.int64)
-    cap = int(cost.ram_expert_slots)
+    cap = int(cost.ram_expert_capacity)
     top = np.lexsort((np.arange(L * E), -counts.reshape(-1)))[:cap]
     return cap, top[::-1].astype(np.int64).copy()
 

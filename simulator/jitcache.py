@@ -16,12 +16,16 @@ _ENGINE_DIRS = ("simulator", "policies")
 
 
 def source_hash() -> str:
+    """Hash of the engine files that hold jitted code (they import numba): editing a sweep
+    or report module keeps the compiled kernel."""
     here = Path(__file__).resolve().parent
     h = hashlib.blake2b(digest_size=8)
     for d in (here.parent / name for name in _ENGINE_DIRS):
         for f in sorted(d.glob("*.py")):
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
+            text = f.read_bytes()
+            if b"from numba import" in text or b"import numba" in text:
+                h.update(f.name.encode())
+                h.update(text)
     return h.hexdigest()
 
 

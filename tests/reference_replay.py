@@ -66,6 +66,9 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     pinned = set()
     if eviction == "static":
         pinned = set(most_requested(request_counts(T if static_prefix is None else static_prefix)))
+    if eviction == "static-layers":  # whole layers, the last ones, as llama.cpp --n-cpu-moe leaves them
+        n_layers = min(L, slots * L // E)
+        pinned = {(l, e) for l in range(L - n_layers, L) for e in range(E)}
 
     layer = {l: dict.fromkeys(COUNTERS, 0) | {"mass": 0.0} for l in range(L)}
     per_token = [dict.fromkeys(COUNTERS, 0) | {"mass": 0.0, "seconds": 0.0, "stall": 0.0} for _ in range(T)]
@@ -83,7 +86,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         state["ram"] = list(ram_warm)  # least recently used first
         state["decay_base"] = t
         state["clock"] = 0
-        if warm and eviction != "static":
+        if warm and not eviction.startswith("static"):
             order = list(reversed(most_requested(request_counts(T))))
             if allocation == "per-layer":
                 order = [o for l in range(L) for o in order if o[0] == l]
@@ -208,7 +211,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     if nvme:
                         c["fetches_nvme"] += 1
                         tc["fetches_nvme"] += 1
-                    if eviction != "static":
+                    if not eviction.startswith("static"):
                         insert(o, stamp, now, c, tc)
                     continue
                 if action == "cpu":
@@ -244,7 +247,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 if r == 0:
                     c["first_choice_substitutions"] += 1
                     tc["first_choice_substitutions"] += 1
-                if admit and eviction != "static":
+                if admit and not eviction.startswith("static"):
                     state["acc"][o] += wr
                     if state["acc"][o] >= admit and o not in [x for x, _ in queue]:
                         state["acc"][o] = 0.0

@@ -9,7 +9,7 @@ from replay_helpers import make_routing
 
 from moesim.simulator import SimConfig, simulate
 
-EVICTIONS = ["lru", "fifo", "lfu", "freq", "belady", "static"]
+EVICTIONS = ["lru", "fifo", "lfu", "freq", "belady", "static", "static-layers"]
 MISSES = ["fetch-all", "threshold:0.3", "first-choice", "substitute", "drop", "cpu"]
 GEOMETRIES = [  # T, L, E, k, M, sequences
     (50, 1, 4, 1, 4, 1),
@@ -90,12 +90,12 @@ def test_invariants_on_random_traces():
                 tot = simulate(routing, eviction=eviction, miss=miss, slots=slots, admit=0.5).totals()
                 assert tot["hits"] + tot["misses"] == tot["requests"] == 120 * 2 * 3
                 assert tot["misses"] == tot["fetches"] + tot["substitutions"] + tot["drops"] + tot["cpu"]
-                if eviction == "static":
+                if eviction.startswith("static"):
                     assert tot["admissions"] == 0
                 if miss == "fetch-all":
                     fetch_all_misses[(eviction, slots)] = tot["misses"]
-                    if slots == 12 and eviction != "static":
+                    if slots == 12 and not eviction.startswith("static"):
                         assert tot["misses"] == distinct  # E slots: compulsory misses only
     for slots in (1, 4, 12):
         best = fetch_all_misses[("belady", slots)]
-        assert all(best <= fetch_all_misses[(ev, slots)] for ev in EVICTIONS if ev != "static")
+        assert all(best <= fetch_all_misses[(ev, slots)] for ev in EVICTIONS if not ev.startswith("static"))

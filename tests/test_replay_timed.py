@@ -11,7 +11,7 @@ from replay_helpers import make_routing
 from moesim.costmodel.timing import cost_params
 from moesim.simulator import SimConfig, simulate
 
-EVICTIONS = ["lru", "lfu", "freq", "belady", "fifo", "static"]
+EVICTIONS = ["lru", "lfu", "freq", "belady", "fifo", "static", "static-layers"]
 MISSES = ["fetch-all", "threshold:0.3", "first-choice", "substitute", "cpu"]
 
 
@@ -21,7 +21,7 @@ def fake_cost(L, E, rng, ram_slots):
     return dataclasses.replace(
         base, s_dense=v[0] * L, s_dense_per_seq=0.0, s_expert_vram=v[1] * 0.1, s_fetch_ram=v[2],
         s_fetch_nvme=v[3] * 3, s_expert_cpu=v[4], s_expert_cpu_nvme=v[5] * 3, s_copy_link=v[6] * 2,
-        s_copy_nvme=v[7] * 5, ram_expert_slots=ram_slots, unified=False)
+        s_copy_nvme=v[7] * 5, ram_expert_capacity=ram_slots, unified=False)
 
 
 @pytest.mark.parametrize("eviction,miss", list(itertools.product(EVICTIONS, MISSES)))
@@ -37,7 +37,7 @@ def test_timed_kernel_matches_reference(eviction, miss):
         config = SimConfig(eviction=eviction, miss=miss, slots=slots, admit=admit, allocation=alloc,
                            reset_per_sequence=n_seq > 1)
         res = simulate(routing, config, cost=cost)
-        ram_cap = ram_slots if ram_slots + slots * L < L * E else None
+        ram_cap = ram_slots if ram_slots < L * E else None
         counts = {}
         for t in range(T):
             for l in range(L):

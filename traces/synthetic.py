@@ -1,8 +1,8 @@
 """Synthetic routing traces with a real model's geometry (generative model: docs/synthetic.md).
 
 Per (layer, domain) a fixed popularity score for each expert; per sequence a sticky
-state (an AR(1) drift and on/off bursts) that makes experts persist across tokens;
-per token independent noise. The router's logits are that score over a temperature,
+state (an AR(1) drift of every expert's score) that makes experts persist across tokens;
+per token independent Gumbel noise. The router's logits are that score over a temperature,
 quantized to a coarse grid; the trace stores the best M of them plus the exact
 log-sum-exp over all E, computed from the same full logits.
 """
@@ -120,33 +120,27 @@ def _scores(base: np.ndarray, seq: np.ndarray, pos: np.ndarray, dom: np.ndarray,
     """Yield (token slice, scores [c, L, E] float32) block by block, in token order."""
     _, L, E = base.shape
     T = len(seq)
-    rho = float(np.clip(knobs.rho, 0.0, 0.9999))
-    innov = np.float32(np.sqrt(1.0 - rho * rho) * knobs.drift)
-    p_off = 1.0 / max(knobs.burst_len, 1.0)
-    frac = float(np.clip(knobs.burst_frac, 0.0, 0.999))
-    p_on = frac * p_off / (1.0 - frac)
-    boost = np.float32(knobs.burst_boost)
+    rho = np.float32(np.clip(knobs.rho, 0.0, 0.9999))
+    innov = np.float32(np.sqrt(1.0 - float(rho) ** 2) * knobs.drift)
     z = np.zeros((L, E), dtype=np.float32)
-    burst = np.zeros((L, E), dtype=bool)
     for start in range(0, T, CHUNK_TOKENS):
         c = min(CHUNK_TOKENS, T - start)
-        eps_z = rng.standard_normal((c, L, E), dtype=np.float32)
-        u = rng.random((c, L, E), dtype=np.float32)
+        eps = rng.standard_normal((c, L, E), dtype=np.float32)
         # Gumbel noise: the top-k of score + Gumbel is a draw of k experts without replacement with
-        # probabilities proportional to exp(score) (the Gumbel-top-k trick).
-        noise = rng.gumbel(0.0, knobs.noise, size=(c, L, E)).astype(np.float32)
+        # probabilities proportional to exp(score) (the Gumbel-top-k trick). Gumbel = -log(Exp(1)).
+        noise = rng.standard_exponential((c, L, E), dtype=np.float32)
+        np.maximum(noise, np.float32(1e-30), out=noise)
+        np.log(noise, out=noise)
+        noise *= np.float32(-knobs.noise)
         out = base[dom[start:start + c]]  # [c, L, E] (a copy)
         for i in range(c):
-            if pos[start + i] == 0 or (start + i > 0 and seq[start + i] != seq[start + i - 1]):
-                # A new sequence starts from the stationary state of its sticky process.
-                z = np.float32(knobs.drift) * eps_z[i]
-                burst = u[i] < frac
+            t = start + i
+            if pos[t] == 0 or (t > 0 and seq[t] != seq[t - 1]):
+                # A new sequence starts from the stationary distribution of the drift.
+                z = np.float32(knobs.drift) * eps[i]
             else:
-                z = np.float32(rho) * z + innov * eps_z[i]
-                burst = np.where(burst, u[i] >= p_off, u[i] < p_on)
+                z = rho * z + innov * eps[i]
             out[i] += z
-            if boost:
-                out[i] += boost * burst
         out += noise
         yield slice(start, start + c), out
 

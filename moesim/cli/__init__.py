@@ -24,10 +24,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("moesim.cli.synth", "Write a synthetic trace with a real model's geometry."),
     "import": ("moesim.cli.importers", "Convert other tools' routing traces to moesim traces."),
     "simulate": ("moesim.cli.simulate", "Replay a trace through one cache policy."),
+    "sweep": ("moesim.cli.sweep", "Rank a grid of cache policies on a trace: parallel, resumable, paper tables."),
+    "mrc": ("moesim.cli.mrc", "Hit rate at every cache size (LRU in one pass; other policies on a grid)."),
     "trace": ("moesim.cli.trace", "Record router logits from a real model (transformers or llama.cpp)."),
     "hw": ("moesim.cli.hw", "Hardware presets: list and show tiers, bandwidths and their sources."),
     "models": ("moesim.cli.models", "Model presets: geometry, parameters, bytes per expert and per token."),
     "estimate": ("moesim.cli.estimate", "Analytic seconds per token for a model on a machine, no trace needed."),
+    "report": ("moesim.cli.report", "HTML report, PNG/SVG charts and paper tables from a sweep or a trace."),
 }
 
 

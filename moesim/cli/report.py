@@ -1,0 +1,58 @@
+"""`moesim report`: charts and paper tables from sweep results (and the trace)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("report")
+@click.argument("results", type=click.Path(dir_okay=False, path_type=str), required=False)
+@click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="The sweep's trace (default: the path the sweep recorded, if it still exists). Adds the "
+                   "profile, gate-weight, domain and per-token charts and the routing-profile table.")
+@click.option("--budget", "budgets", type=float, multiple=True,
+              help="Budgets for the routing-profile table and the per-token replays (default: the sweep's; "
+                   "without results 0.125, 0.25, 0.5). Repeatable.")
+@click.option("--title", default=None, help="Page title (default: 'moesim report: MODEL').")
+@click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=str), required=True,
+              help="Report directory to write (replaced atomically if it holds an earlier report).")
+def command(results, trace, budgets, title, out):
+    """Write a self-contained HTML report of sweep RESULTS (results.parquet from `moesim sweep`) and/or
+    a --trace to directory -o: index.html works offline (Vega inlined, no network request), every chart
+    also as PNG and SVG, every table as Markdown, LaTeX and CSV (docs/reports.md).
+
+    Example: moesim sweep traces/qwen3next.parquet --budget 0.125 --budget 0.25 --budget 0.5 -o r.parquet &&
+    moesim report r.parquet -o report/
+    """
+    from moesim.errors import MoesimError
+    from moesim.reports.report import build_report
+
+    if results is None and trace is None:
+        raise MoesimError("give sweep RESULTS (a results.parquet), --trace TRACE, or both")
+    manifest = build_report(out, results=results, trace=trace, budgets=list(budgets) or None, title=title,
+                            progress=_progress())
+    echo_summary(manifest, out)
+
+
+def _progress():
+    import sys
+
+    if not sys.stderr.isatty():
+        return None
+    return lambda msg: click.echo(f"moesim report: {msg}", err=True)
+
+
+def echo_summary(manifest: dict, out: str) -> None:
+    """What a report directory holds, in a few lines."""
+    from pathlib import Path
+
+    files = manifest["files"]
+    base = Path(out)
+    click.echo(f"wrote {base / files['html']} ({len(files['charts'])} charts, {len(files['tables'])} tables, "
+               f"{manifest['seconds']:.1f} s){'  [synthetic trace]' if manifest['synthetic'] else ''}")
+    for name, f in files["charts"].items():
+        click.echo(f"  chart  {name}: {base / f['png']}, {Path(f['svg']).name}")
+    for name, f in files["tables"].items():
+        click.echo(f"  table  {name}: {base / f['Markdown']}, {Path(f['LaTeX']).name}, {Path(f['CSV']).name}")
+    for n in manifest["notes"]:
+        click.echo(f"  note   {n}")

@@ -1,0 +1,149 @@
+"""`moesim sweep`: rank many cache policies on one or more traces, in parallel, resumable."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
+
+TABLE_FORMATS = ["table", "json", "csv", "markdown", "latex"]
+FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default="table", show_default=True,
+                      help="table: ranked terminal table; json/csv: the result rows; markdown/latex: paper tables.")
+
+
+class Progress:
+    """A progress bar on stderr when it is a terminal; nothing when piped."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.bar = None
+        self.shown = 0
+
+    def __call__(self, done: int, total: int):
+        if not sys.stderr.isatty() or total == 0:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True)
+            self.bar.__enter__()
+        self.bar.update(done - self.shown)
+        self.shown = done
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+def grid_from_options(config, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
+                      reset_per_sequence, hw, model, quant):
+    """The sweep grid: the --config file (if any), then each flag given replaces its axis."""
+    from moesim.simulator.grid import Grid, axis, load_toml
+
+    grid = load_toml(config) if config else Grid()
+    return grid.override(
+        budgets=axis("budgets", budget) if budget else None,
+        slots=axis("slots", slots) if slots else None,
+        evictions=axis("evictions", eviction) if eviction else None,
+        misses=axis("misses", miss) if miss else None,
+        thetas=axis("thetas", theta) if theta else None,
+        admits=axis("admits", admit) if admit else None,
+        allocations=list(allocation) or None,
+        batches=axis("batches", batch) if batch else None,
+        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence,
+        hws=list(hw) or None, model=model, quants=list(quant) or None,
+    )
+
+
+def print_results(df, fmt: str, top: int | None, header: dict):
+    from moesim.reports.tables import frame_csv, frame_json, render, sweep_tables
+
+    if fmt in ("json", "csv") and top:
+        import polars as pl
+
+        df = df.filter(pl.col("rank") <= top)
+    if fmt == "json":
+        click.echo(frame_json(df, **header))
+    elif fmt == "csv":
+        click.echo(frame_csv(df), nl=False)
+    else:
+        click.echo(render(sweep_tables(df, top), fmt))
+
+
+@click.command("sweep")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--budget", "-b", multiple=True, metavar="F",
+              help="Cache size as a fraction of each layer's experts; repeat, or a range START:STOP:STEP.")
+@click.option("--slots", "-s", multiple=True, metavar="N", help="Cache slots per layer; repeat, or START:STOP:STEP.")
+@click.option("--eviction", "-e", multiple=True, help=EVICTION_HELP + " Repeat for several (default: all six).")
+@click.option("--miss", "-m", multiple=True,
+              help=MISS_HELP + " Repeat for several (default: fetch-all, threshold:0.15, first-choice, "
+                               "substitute, cpu).")
+@click.option("--theta", multiple=True, metavar="θ",
+              help="Add threshold:θ miss policies (repeat, or START:STOP:STEP).")
+@click.option("--admit", multiple=True, metavar="β|none",
+              help="Background admission thresholds; 'none' for no admission (default: none and 0.5).")
+@click.option("--allocation", multiple=True, type=click.Choice(["per-layer", "global"]),
+              help="Cache per layer or one shared pool (default: per-layer); repeat for both.")
+@click.option("--batch", multiple=True, metavar="B", help="Decode B sequences in lock step (default 1); repeat.")
+@click.option("--warm/--cold", default=None, help="Start with the most requested experts resident (default: cold).")
+@click.option("--warmup-tokens", type=int, default=None, help="Replay but do not count the first W tokens.")
+@click.option("--reset-per-sequence/--no-reset-per-sequence", default=None,
+              help="Empty the cache at each new sequence (default: no).")
+@click.option("--hw", multiple=True, help="Hardware preset or TOML file; repeat to compare machines "
+                                          "(default rtx3090-pcie4).")
+@click.option("--model", default=None, help="Model preset or TOML file (default: the trace's model).")
+@click.option("--quant", multiple=True, help="Quantization(s): bf16, q8_0, q4_k_m, ... (default: native).")
+@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="TOML file declaring the grid (docs/sweep.md); flags given here replace its axes.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Results Parquet (one row per config; per-layer rows in NAME.layers.parquet). Rows already "
+                   "in it are not recomputed: rerun an interrupted sweep to finish it.")
+@FORMAT
+@click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: one per core).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: forked processes on this machine; ray: Ray tasks (RAY_ADDRESS or a local cluster).")
+@click.option("--top", type=int, default=None, help="Print only the best N configs of each group.")
+@click.option("--flush-every", type=float, default=2.0, show_default=True, metavar="SECONDS",
+              help="Save finished rows to -o at least this often.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Also write the HTML report, charts and paper tables of the first trace to this directory "
+                   "(as moesim report does).")
+def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
+            reset_per_sequence, hw, model, quant, config, output, fmt, jobs, executor, top, flush_every, report_dir):
+    """Replay TRACE(s) through a grid of cache policies and print them ranked
+    by time per token (by hit rate when the trace cannot be priced), with the
+    speed-up over fetch-all, hit and substitution rates, substituted gate mass,
+    GB moved per token and a Pareto flag. With only --budget the grid is every
+    eviction x {fetch-all, threshold:0.15, first-choice, substitute, cpu} x
+    admission {none, 0.5} (40 configs per budget); the presets quality-first,
+    speed-first, fetch-all and llama.cpp are always included.
+
+    Example: moesim sweep traces/qwen3next.parquet --budget 0.25 -o results.parquet
+    """
+    from moesim.simulator.sweep import run_sweep
+
+    grid = grid_from_options(config, budget, slots, eviction, miss, theta, admit, allocation, batch, warm,
+                             warmup_tokens, reset_per_sequence, hw, model, quant)
+    bar = Progress("sweep")
+    try:
+        out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
+                        flush_seconds=flush_every)
+    finally:
+        bar.close()
+    df = out.rows
+    synthetic = bool(df["synthetic"].any()) if df.height else False
+    header = {"traces": list(traces), "synthetic": synthetic,
+              "ranked_by": sorted(set(df["ranked_by"].to_list())) if df.height else [],
+              "priced_as": out.notes}
+    print_results(df, fmt, top, header)
+    saved = f"; results in {out.output} and {out.output.with_name(out.output.stem + '.layers.parquet')}" \
+        if out.output else ""
+    click.echo(f"{len(df)} configs: {out.computed} computed, {out.reused} already in the results file{saved}",
+               err=True)
+    if report_dir:
+        from moesim.reports.report import build_report
+
+        build_report(report_dir, results=out.output or out, trace=traces[0])
+        click.echo(f"report: {report_dir}/index.html", err=True)

@@ -1,0 +1,179 @@
+"""The two tables papers on expert offloading print, as Markdown, LaTeX and CSV:
+
+- the routing profile: reuse at the next token vs chance, the 95% working set, and the fetch-all
+  hit rate of LRU, LFU, static pinning and Belady at each budget;
+- the policy table: per named preset and Pareto-optimal config, hit rate, substituted share,
+  substituted gate mass, time per token, speed-up over fetch-all and an empty ΔPPL column for the
+  user's own perplexity measurement.
+
+CSV cells keep full precision; Markdown, LaTeX and HTML show the same rounded cells, rendered by
+reports/tables.py (the sweep's paper tables), so every moesim table looks alike."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BASELINE_EVICTIONS = ("lru", "lfu", "static", "belady")
+PPL_COLUMN = "ΔPPL (%)"
+
+@dataclass
+class PaperTable:
+    """A table as raw values (``frame``, written as CSV at full precision) and as the rounded cells the
+    Markdown, LaTeX and HTML show (rendered by reports/tables.py, like the sweep's ranked tables)."""
+
+    name: str                      # file stem
+    title: str
+    caption: str
+    frame: object                  # polars DataFrame, raw values
+    formats: dict = field(default_factory=dict)  # column -> format spec for the rounded cells, e.g. ".1f"
+
+    def table(self):
+        from moesim.reports.tables import Column, Table, latex_escape
+
+        cols = [Column(c, c, align="r" if (self.frame[c].dtype.is_numeric() or c == PPL_COLUMN) else "l",
+                       latex=_latex_header(c, latex_escape)) for c in self.frame.columns]
+        cells = [[cell_text(row[c], self.formats.get(c)) for c in self.frame.columns]
+                 for row in self.frame.iter_rows(named=True)]
+        return Table(self.title, cols, cells, self.caption)
+
+    def markdown(self) -> str:
+        from moesim.reports.tables import to_markdown
+
+        return to_markdown(self.table())
+
+    def latex(self) -> str:
+        from moesim.reports.tables import to_latex
+
+        return to_latex(self.table(), label=f"tab:moesim-{self.name}")
+
+    def write(self, directory: Path) -> dict[str, Path]:
+        from moesim.reports.files import write_table, write_text
+
+        return {
+            "Markdown": write_text(self.markdown() + "\n", directory / f"{self.name}.md"),
+            "LaTeX": write_text(self.latex() + "\n", directory / f"{self.name}.tex"),
+            "CSV": write_table(self.frame, directory / f"{self.name}.csv"),
+        }
+
+
+_LATEX_SYMBOLS = {"Δ": r"$\Delta$", "×": r"$\times$"}
+
+
+def _latex_header(header: str, escape) -> str | None:
+    if not any(ch in header for ch in _LATEX_SYMBOLS):
+        return None
+    return "".join(_LATEX_SYMBOLS.get(ch) or escape(ch) for ch in header)
+
+
+def cell_text(value, fmt: str | None = None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "-"
+        return format(value, fmt) if fmt else f"{value:.4g}"
+    if fmt and isinstance(value, int) and not isinstance(value, bool):
+        return format(value, fmt)
+    return str(value)
+
+
+def baseline_hit_rates(routing, budgets) -> dict[float, dict[str, float]]:
+    """Fetch-all hit rate of LRU, LFU, static and Belady at each budget (cold start, per-layer caches)."""
+    from moesim.simulator import SimConfig, simulate
+
+    out = {}
+    for b in budgets:
+        out[float(b)] = {ev: simulate(routing, SimConfig(eviction=ev, miss="fetch-all", budget=float(b)))
+                         .totals()["hit_rate"] for ev in BASELINE_EVICTIONS}
+    return out
+
+
+def routing_profile_table(prof: dict, hit_rates: dict[float, dict[str, float]]) -> PaperTable:
+    """One row per budget: the trace's reuse and working set (the same on every row) and the
+    fetch-all hit rates of the baseline evictions at that budget (all in %)."""
+    import polars as pl
+
+    rows = []
+    for b in sorted(hit_rates):
+        h = hit_rates[b]
+        rows.append({
+            "model": prof["model"] + (" (synthetic)" if prof["synthetic"] else ""),
+            "budget (% of experts)": 100 * b,
+            "reuse at next token": prof["reuse_next_token"],
+            "reuse by chance": prof["reuse_chance_marginal"],
+            "working set 95% (% of experts)": 100 * prof["working_set_95"],
+            **{f"{ev} hit (%)" if ev != "belady" else "Belady hit (%)": 100 * h[ev] for ev in BASELINE_EVICTIONS},
+        })
+    frame = pl.DataFrame(rows)
+    rename = {"lru hit (%)": "LRU hit (%)", "lfu hit (%)": "LFU hit (%)"}
+    frame = frame.rename({k: v for k, v in rename.items() if k in frame.columns})
+    formats = {c: ".1f" for c in frame.columns if "(%" in c}
+    formats.update({"reuse at next token": ".3f", "reuse by chance": ".3f"})
+    caption = (f"Routing profile of {prof['model']}"
+               + (" (SYNTHETIC trace, not recorded from the model)" if prof["synthetic"] else "")
+               + f": {prof['tokens']} tokens, {prof['n_layers']} MoE layers x {prof['experts']} experts, "
+               f"top-{prof['top_k']}. Reuse = mean share of a token's experts selected again at the next token; "
+               "chance = the same for independent draws from each layer's expert popularity; working set = fewest "
+               "experts carrying 95% of a layer's requests (mean over layers). Hit rates: fetch-all replays with "
+               "per-layer caches of the given budget, cold start; static pins each layer's most requested experts "
+               "over the whole trace and Belady is the offline optimum (both use future knowledge).")
+    return PaperTable("routing_profile", "Routing profile and baseline hit rates", caption, frame, formats)
+
+
+def policy_rows(configs):
+    """The rows a paper prints: every named preset and every Pareto-optimal config (time vs mass) of
+    each group (cache size, allocation, batch), fastest first within a group. Adds ``speedup_preset``:
+    the time per token of the group's fetch-all preset divided by the row's."""
+    import polars as pl
+
+    is_fetch_all = pl.col("preset").fill_null("").str.split(",").list.contains("fetch-all")
+    base = configs.filter(is_fetch_all).group_by("group_key").agg(pl.col("s_per_token").first().alias("_base"))
+    keep = pl.col("preset").is_not_null() | pl.col("pareto")
+    return (configs.filter(keep).join(base, on="group_key", how="left")
+            .with_columns((pl.col("_base") / pl.col("s_per_token")).alias("speedup_preset")).drop("_base")
+            .sort(["size", "allocation", "batch", "s_per_token", "label"], nulls_last=True))
+
+
+def policy_table(configs, *, model: str, synthetic: bool, priced_as: str | None) -> PaperTable:
+    """``configs``: the report's normalized sweep rows (load_results in reports/report.py)."""
+    import polars as pl
+
+    rows = policy_rows(configs)
+    timed = rows["s_per_token"].is_not_null().any()
+    out = {
+        "policy": [p if p else "" for p in rows["preset"].to_list()],
+        "eviction / miss / admission": rows["policy"].to_list(),
+    }
+    if rows["budget"].is_null().any():
+        out["cache"] = rows["size_label"].to_list()
+    else:
+        out["budget (% of experts)"] = (100 * rows["budget"]).to_list()
+    out.update({
+        "hit (%)": (100 * rows["hit_rate"]).to_list(),
+        "substituted (%)": (100 * rows["substitution_rate"]).to_list(),
+        "mass per step": rows["mass_per_step"].to_list(),
+    })
+    if timed:
+        out["ms per token"] = (1e3 * rows["s_per_token"]).to_list()
+        out["speed-up (×)"] = rows["speedup_preset"].to_list()
+    out[PPL_COLUMN] = [None] * len(rows)
+    frame = pl.DataFrame(out, schema_overrides={PPL_COLUMN: pl.Utf8})
+    formats = {"budget (% of experts)": ".1f", "hit (%)": ".1f", "substituted (%)": ".1f", "mass per step": ".4f",
+               "ms per token": ".2f", "speed-up (×)": ".2f"}
+    caption = (f"Expert-caching policies for {model}"
+               + (" (SYNTHETIC trace, not recorded from the model)" if synthetic else "")
+               + ": the named presets and the Pareto-optimal configurations (time per token vs substituted gate "
+               "mass) of each budget. Substituted = share of expert requests served by a substitute or dropped; "
+               "mass = summed normalized gate weight of the substituted experts per (token, layer) step. "
+               + (f"Time priced as {priced_as}; speed-up = time per token of the fetch-all preset (LRU, every "
+                  "miss fetched) at the same budget divided by the row's. " if timed
+                  else "Not priced (no model preset for the trace). ")
+               # ASCII only: pdflatex rejects a bare Δ in running text
+               + "The last column is left empty for the perplexity change measured with the real model.")
+    return PaperTable("policies", "Policies: substitution, mass and time per token", caption, frame, formats)
+
+
+__all__ = ["PaperTable", "cell_text", "baseline_hit_rates",
+           "routing_profile_table", "policy_table", "policy_rows", "BASELINE_EVICTIONS", "PPL_COLUMN"]

@@ -1,0 +1,287 @@
+"""Sweep grids: axes (from a TOML file and/or command-line flags) -> the list of configs to replay.
+
+The default grid (only a budget given) is every eviction x {fetch-all, threshold:0.15, first-choice,
+substitute, cpu} x admission {none, 0.5}: 40 configs per cache size, after removing
+
+- admission where it cannot act (it would replay identically without it): fetch-all and cpu never
+  substitute, static never admits (15 configs);
+- substitute without admission under a non-static eviction (5 configs): the cold cache never receives
+  an expert, so every request is dropped (substituted mass 1 per step, 0% hits) — the fastest and
+  most useless row of any table. Asking for them explicitly (--miss substitute --admit none) keeps them.
+
+The cpu miss policy under a non-static eviction is kept (5 configs): it is "every expert computed on
+the CPU" (llama.cpp --cpu-moe), a real baseline, identical whatever the eviction, so it is replayed
+once and reported under each eviction. The named presets are always added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+
+from moesim.errors import MoesimError
+from moesim.simulator.config import SimConfig
+
+DEFAULT_EVICTIONS = ("lru", "lfu", "freq", "fifo", "static", "belady")
+DEFAULT_MISSES = ("fetch-all", "threshold:0.15", "first-choice", "substitute", "cpu")
+DEFAULT_ADMITS = (None, 0.5)
+
+# The fetch-all preset uses LRU: it is what offloading engines without a policy of their own run
+# (an LRU expert cache, e.g. Mixtral-offloading) and the eviction libCacheSim verifies most directly.
+PRESETS: dict[str, dict] = {
+    "quality-first": {"eviction": "freq", "miss": "threshold:0.15", "admit": 0.5},
+    "speed-first": {"eviction": "freq", "miss": "first-choice", "admit": 0.5},
+    "fetch-all": {"eviction": "lru", "miss": "fetch-all", "admit": None},
+    "llama.cpp": {"eviction": "static", "miss": "cpu", "admit": None},
+}
+
+# TOML keys (singular or plural) -> axis name
+_AXIS_KEYS = {
+    "budget": "budgets", "budgets": "budgets",
+    "slots": "slots",
+    "eviction": "evictions", "evictions": "evictions",
+    "miss": "misses", "misses": "misses",
+    "theta": "thetas", "thetas": "thetas",
+    "admit": "admits", "admits": "admits",
+    "allocation": "allocations", "allocations": "allocations",
+    "batch": "batches", "batches": "batches",
+    "hw": "hws",
+    "quant": "quants",
+}
+_SCALAR_KEYS = ("model", "warm", "warmup_tokens", "reset_per_sequence")
+
+
+@dataclass
+class Grid:
+    """The axes of a sweep. ``None`` on a policy axis means "the default axis"."""
+
+    budgets: list[float] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    evictions: list[str] | None = None
+    misses: list[str] | None = None
+    thetas: list[float] = field(default_factory=list)  # adds threshold:θ to the miss axis
+    admits: list[float | None] | None = None
+    allocations: list[str] = field(default_factory=lambda: ["per-layer"])
+    batches: list[int] = field(default_factory=lambda: [1])
+    hws: list[str | None] = field(default_factory=lambda: [None])
+    model: str | None = None
+    quants: list[str | None] = field(default_factory=lambda: [None])
+    warm: bool = False
+    warmup_tokens: int = 0
+    reset_per_sequence: bool = False
+    presets: bool = True  # add the named presets to every group (the API's simulate turns it off)
+
+    def override(self, **axes) -> Grid:
+        """Command-line flags replace whole axes (None or an empty tuple: keep the file's)."""
+        changes = {}
+        for name, value in axes.items():
+            if value is None or (isinstance(value, (list, tuple)) and not value):
+                continue
+            if name not in {f.name for f in dataclasses.fields(self)}:
+                raise MoesimError(f"unknown sweep axis {name!r}")
+            changes[name] = list(value) if isinstance(value, (list, tuple)) else value
+        if "budgets" in changes and "slots" not in changes:
+            changes["slots"] = []  # --budget on the command line replaces a file's cache sizes
+        if "slots" in changes and "budgets" not in changes:
+            changes["budgets"] = []
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One replay of a sweep: the config and the cost choice (hw, quant)."""
+
+    config: SimConfig
+    hw: str | None
+    quant: str | None
+
+
+def canonical(config: SimConfig) -> SimConfig:
+    """Drop the admission threshold where it cannot act (no substitution, or no admission),
+    so configs that replay identically share one key."""
+    if config.admit is not None and (config.miss in ("fetch-all", "cpu") or config.eviction_name == "static"):
+        return dataclasses.replace(config, admit=None)
+    return config
+
+
+def baseline_of(config: SimConfig) -> SimConfig:
+    """fetch-all with the same eviction, cache size and everything else: the speed-up reference."""
+    return canonical(dataclasses.replace(config, miss="fetch-all", admit=None))
+
+
+def never_cached(config: SimConfig) -> bool:
+    """A cold cache nothing ever enters: no pinning, and a miss policy that never fetches with no
+    background admission. Every request misses whatever the eviction policy."""
+    if config.eviction_name == "static" or config.warm:
+        return False
+    return config.miss == "cpu" or (config.miss in ("substitute", "drop") and config.admit is None)
+
+
+def replay_twin(config: SimConfig) -> SimConfig:
+    """A config that replays identically (same counters, same clock): never-cached configs do not
+    depend on the eviction policy, so they share the LRU replay."""
+    return dataclasses.replace(config, eviction="lru") if never_cached(config) else config
+
+
+def expand(config_axes: Grid) -> list[Planned]:
+    """Every config of the grid (deduplicated, in a stable order), the presets and the fetch-all baselines."""
+    g = config_axes
+    if not g.budgets and not g.slots:
+        raise MoesimError("give a cache size: --budget F or --slots N (or budgets/slots in the --config file)")
+    misses = list(DEFAULT_MISSES if g.misses is None else g.misses) + [f"threshold:{t:g}" for t in g.thetas]
+    evictions = list(DEFAULT_EVICTIONS if g.evictions is None else g.evictions)
+    admits = list(DEFAULT_ADMITS if g.admits is None else g.admits)
+    sizes = [("budget", b) for b in g.budgets] + [("slots", s) for s in g.slots]
+    out: dict[tuple, Planned] = {}
+
+    def add(cfg: SimConfig, hw, quant):
+        cfg = canonical(cfg)
+        out.setdefault((cfg.key(), hw, quant), Planned(cfg, hw, quant))
+
+    def make(size, allocation, batch, eviction, miss, admit) -> SimConfig:
+        kind, value = size
+        return SimConfig(eviction=eviction, miss=miss, admit=admit, allocation=allocation, batch=batch,
+                         warm=g.warm, warmup_tokens=g.warmup_tokens, reset_per_sequence=g.reset_per_sequence,
+                         **{kind: value})
+
+    for hw, quant, size, allocation, batch in itertools.product(g.hws, g.quants, sizes, g.allocations, g.batches):
+        for eviction, miss, admit in itertools.product(evictions, misses, admits):
+            cfg = make(size, allocation, batch, eviction, miss, admit)
+            if g.misses is None and cfg.miss == "substitute" and never_cached(cfg):
+                continue  # drops every expert: not a policy anyone runs (explicit --miss keeps it)
+            add(cfg, hw, quant)
+        for p in PRESETS.values() if g.presets else ():
+            add(make(size, allocation, batch, p["eviction"], p["miss"], p["admit"]), hw, quant)
+    for planned in list(out.values()):
+        add(baseline_of(planned.config), planned.hw, planned.quant)
+    return list(out.values())
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def frange(start: float, stop: float, step: float) -> list[float]:
+    """start, start+step, ... up to stop inclusive (within float noise), rounded to 10 digits."""
+    if not all(math.isfinite(x) for x in (start, stop, step)) or step <= 0 or stop < start:
+        raise MoesimError(f"bad range start={start:g} stop={stop:g} step={step:g}: need step > 0 and stop >= start")
+    n = int(math.floor((stop - start) / step + 1e-9)) + 1
+    if n > 100_000:
+        raise MoesimError(f"range start={start:g} stop={stop:g} step={step:g} has {n} values; too many")
+    return [round(start + i * step, 10) for i in range(n)]
+
+
+def _number(text, what: str, integer: bool):
+    if integer:
+        try:
+            v = float(text)
+        except (TypeError, ValueError):
+            raise MoesimError(f"bad {what} {text!r}: expected a whole number") from None
+        if v != int(v):
+            raise MoesimError(f"bad {what} {text!r}: expected a whole number")
+        return int(v)
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise MoesimError(f"bad {what} {text!r}: expected a number") from None
+
+
+def parse_values(values, what: str, integer: bool = False, allow_none: bool = False) -> list:
+    """Axis values from flags or TOML: numbers, 'none', 'START:STOP:STEP' strings, comma lists, or a
+    TOML table {start, stop, step}."""
+    if values is None:
+        return []
+    if isinstance(values, dict):
+        unknown = set(values) - {"start", "stop", "step"}
+        if unknown or len(values) != 3:
+            raise MoesimError(f"{what}: a range needs exactly start, stop and step (got {sorted(values)})")
+        vals = frange(*(_number(values[k], what, False) for k in ("start", "stop", "step")))
+        return [_number(v, what, integer) if integer else v for v in vals]
+    if not isinstance(values, (list, tuple)):
+        values = [values]
+    out = []
+    for v in values:
+        if isinstance(v, str) and "," in v:
+            out += parse_values(v.split(","), what, integer, allow_none)
+            continue
+        if isinstance(v, dict):
+            out += parse_values(v, what, integer, allow_none)
+            continue
+        if allow_none and (v is None or (isinstance(v, str) and v.strip().lower() in ("none", "off", ""))):
+            out.append(None)
+            continue
+        if isinstance(v, str) and v.count(":") == 2:
+            a, b, c = (_number(x, what, False) for x in v.split(":"))
+            vals = frange(a, b, c)
+            out += [_number(x, what, integer) for x in vals] if integer else vals
+            continue
+        if isinstance(v, bool):
+            raise MoesimError(f"bad {what} {v!r}: expected a number")
+        out.append(_number(v, what, integer))
+    return list(dict.fromkeys(out))  # de-duplicated, order kept
+
+
+def _strings(values, what: str) -> list[str]:
+    if isinstance(values, str):
+        values = values.split(",")
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) for v in values):
+        raise MoesimError(f"{what}: expected a string or a list of strings")
+    return list(dict.fromkeys(v.strip() for v in values if v.strip()))
+
+
+def axis(name: str, values) -> list:
+    """Parse one axis given by flags or a file."""
+    if name == "budgets":
+        return parse_values(values, "budget")
+    if name == "slots":
+        return parse_values(values, "slots", integer=True)
+    if name == "batches":
+        return parse_values(values, "batch", integer=True)
+    if name == "admits":
+        return parse_values(values, "admission threshold", allow_none=True)
+    if name == "thetas":
+        return parse_values(values, "threshold θ")
+    return _strings(values, name)
+
+
+def load_toml(path: str | os.PathLike) -> Grid:
+    """A grid from a TOML file (keys at top level or under [sweep]); see docs/sweep.md."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise MoesimError(f"{path}: no such sweep file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
+    if isinstance(doc.get("sweep"), dict):
+        doc = doc["sweep"]
+    return grid_from_doc(doc, str(path))
+
+
+def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
+    """A grid from the keys of a sweep TOML file, as a dict."""
+    grid = Grid()
+    known = sorted(set(_AXIS_KEYS) | set(_SCALAR_KEYS))
+    changes = {}
+    for key, value in doc.items():
+        if key in _AXIS_KEYS:
+            changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
+        elif key == "model":
+            if not isinstance(value, str):
+                raise MoesimError(f"{path}: model must be a string")
+            changes["model"] = value
+        elif key in ("warm", "reset_per_sequence"):
+            if not isinstance(value, bool):
+                raise MoesimError(f"{path}: {key} must be true or false")
+            changes[key] = value
+        elif key == "warmup_tokens":
+            changes[key] = _number(value, key, integer=True)
+        else:
+            raise MoesimError(f"{path}: unknown sweep key {key!r} (known: {', '.join(known)})")
+    try:
+        return dataclasses.replace(grid, **changes)
+    except TypeError as exc:
+        raise MoesimError(f"{path}: {exc}") from None

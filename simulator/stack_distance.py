@@ -1,0 +1,92 @@
+"""The LRU stack-distance pass (numba): see simulator/mrc.py."""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, inline="always")
+def _bit_add(bit, i, v):
+    i += 1
+    n = bit.shape[0]
+    while i < n:
+        bit[i] += v
+        i += i & (-i)
+
+
+@njit(cache=True, inline="always")
+def _bit_prefix(bit, i):
+    """Sum of positions 0..i (0 when i < 0)."""
+    s = 0
+    i += 1
+    while i > 0:
+        s += bit[i]
+        i -= i & (-i)
+    return s
+
+
+@njit(cache=True)
+def _distance(bit, last, o, pos, cold):
+    """Stack distance of a request to object o at stream position pos; moves o's mark to pos."""
+    p = last[o]
+    if p < 0:
+        d = cold
+    else:
+        d = _bit_prefix(bit, pos - 1) - _bit_prefix(bit, p)
+        _bit_add(bit, p, -1)
+    _bit_add(bit, pos, 1)
+    last[o] = pos
+    return d
+
+
+@njit(cache=True)
+def _forget(bit, last):
+    for o in range(last.shape[0]):
+        if last[o] >= 0:
+            _bit_add(bit, last[o], -1)
+            last[o] = -1
+
+
+@njit(cache=True)
+def stack_histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq):
+    """Histograms of LRU stack distances, counting requests of tokens >= warmup_tokens (the cache
+    still sees the earlier ones). Returns (per_layer [L, E+1]: distance within the layer's own
+    stream, column E = first request (never a hit); pooled [L, L*E+1]: distance in the global
+    (token, layer, rank) stream, by the layer of the request, column L*E = first request).
+    reset_per_seq: every sequence starts with an empty cache. sel < 0 is padding (skipped)."""
+    T, L, k = sel.shape
+    E = n_experts
+    per_layer = np.zeros((L, E + 1), np.int64)
+    pooled = np.zeros((L, L * E + 1), np.int64)
+    bit = np.zeros(T * k + 1, np.int32)
+    last = np.full(E, -1, np.int64)
+    for l in range(L):
+        bit[:] = 0
+        last[:] = -1
+        pos = 0
+        for t in range(T):
+            if reset_per_seq and t > 0 and tok_seq[t] != tok_seq[t - 1]:
+                _forget(bit, last)
+            for r in range(k):
+                e = sel[t, l, r]
+                if e < 0:
+                    continue
+                d = _distance(bit, last, e, pos, E)
+                pos += 1
+                if t >= warmup_tokens:
+                    per_layer[l, d] += 1
+    gbit = np.zeros(T * L * k + 1, np.int32)
+    glast = np.full(L * E, -1, np.int64)
+    pos = 0
+    for t in range(T):
+        if reset_per_seq and t > 0 and tok_seq[t] != tok_seq[t - 1]:
+            _forget(gbit, glast)
+        for l in range(L):
+            for r in range(k):
+                e = sel[t, l, r]
+                if e < 0:
+                    continue
+                d = _distance(gbit, glast, l * E + e, pos, L * E)
+                pos += 1
+                if t >= warmup_tokens:
+                    pooled[l, d] += 1
+    return per_layer, pooled

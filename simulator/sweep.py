@@ -1,0 +1,442 @@
+"""Policy sweeps: many configs over traces decoded once, run in parallel, stored by key, resumable.
+
+``run_sweep(traces, grid, output="r.parquet")`` decodes each trace once, prices it per (hw, quant),
+expands the grid (simulator/grid.py), skips every (trace, config, cost) already in ``output``, and
+replays the rest: in this process (jobs=1), in forked worker processes that share the decoded arrays
+copy-on-write (jobs>1, the default: one per core), or as Ray tasks (executor="ray"). Finished rows are
+flushed to the store every ``flush_seconds``, on Ctrl-C and at the end; an interrupted sweep rerun
+with the same output computes only what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from moesim.errors import MoesimError
+from moesim.simulator.config import SimConfig
+from moesim.simulator.grid import PRESETS, Grid, expand, replay_twin
+from moesim.simulator.store import ResultStore, layers_path
+
+EXECUTORS = ("local", "ray")
+# Tests slow each replay down by this many seconds to interrupt a sweep midway (never set it otherwise).
+_DELAY_ENV = "MOESIM_SWEEP_TEST_DELAY"
+
+
+class TraceEntry:
+    """A trace of the sweep: its metadata and digest at once, the decoded routing only when a
+    replay needs it (a finished sweep rerun decodes nothing)."""
+
+    def __init__(self, source, name: str):
+        from moesim.traces import Routing, TraceFile
+
+        self.name = name
+        if isinstance(source, Routing):
+            self._routing, self.meta, self.digest = source, source.meta, source.digest
+        else:
+            self._routing = None
+            self._file = TraceFile(source)
+            self.meta, self.digest = self._file.meta, self._file.digest
+
+    @property
+    def routing(self):
+        if self._routing is None:
+            from moesim.simulator.trace_cache import load_decoded
+
+            self._routing = load_decoded(self._file)
+        return self._routing
+
+
+@dataclass(frozen=True)
+class Task:
+    row_key: str
+    trace: int      # index into the sweep's traces
+    cost: int       # index into the sweep's costs
+    config: SimConfig
+    replay_key: str = ""  # tasks whose configs replay identically share one replay (grid.replay_twin)
+
+
+@dataclass
+class SweepOutcome:
+    rows: object                 # polars DataFrame: this sweep's rows, ranked within groups
+    layers: object               # polars DataFrame: their per-layer rows
+    computed: int
+    reused: int
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+    output: Path | None = None
+
+
+def cost_key(cost) -> str:
+    if cost is None:
+        return "unpriced"
+    doc = json.dumps(dataclasses.asdict(cost), sort_keys=True, default=str)
+    return hashlib.blake2b(doc.encode(), digest_size=8).hexdigest()
+
+
+def preset_names(config: SimConfig) -> str:
+    """The named presets this config is (its eviction, miss and admission match)."""
+    names = [n for n, p in PRESETS.items()
+             if (config.eviction, config.miss, config.admit) == (p["eviction"], p["miss"], p["admit"])]
+    return ",".join(names)
+
+
+def policy_label(config: SimConfig) -> str:
+    parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
+    return " / ".join(parts)
+
+
+def group_key(digest: str, ck: str, config: SimConfig) -> str:
+    size = f"b{config.budget:g}" if config.budget is not None else f"s{config.slots}"
+    return "|".join([digest, ck, size, config.allocation, f"warm{int(config.warm)}", f"w{config.warmup_tokens}",
+                     f"r{int(config.reset_per_sequence)}", f"B{config.batch}"])
+
+
+def check_config(config: SimConfig, routing) -> None:
+    """Fail before any replay starts on a config this trace cannot replay."""
+    config.slots_per_layer(routing.n_experts)
+    if config.warmup_tokens >= routing.n_tokens:
+        raise MoesimError(f"warmup_tokens={config.warmup_tokens} leaves none of the trace's "
+                          f"{routing.n_tokens} tokens to count")
+
+
+# ---------------------------------------------------------------------------------------------- one replay
+
+
+def replay_payload(routing, config: SimConfig, cost) -> dict:
+    """Replay one config; return plain Python values only (workers must not touch polars: it is not
+    fork-safe)."""
+    from moesim.simulator.driver import simulate
+
+    delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
+    if delay > 0:
+        time.sleep(delay)
+    res = simulate(routing, config, cost=cost)
+    timing = None
+    if res.timing is not None:
+        timing = {k: v for k, v in res.timing.items() if k != "prefill"}
+    return {"totals": res.totals(), "layers": res.layer_rows(), "timing": timing,
+            "slots_per_layer": res.slots_per_layer, "counted_tokens": res.counted_tokens}
+
+
+def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw, model, quant) -> tuple[dict, list]:
+    cfg = task.config
+    ck = task.row_key.rsplit(":", 1)[1]
+    t = payload["totals"]
+    tm = payload["timing"]
+    row = {
+        "row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(), "cost_key": ck,
+        "group_key": group_key(entry.digest, ck, cfg),
+        "trace": entry.name, "model_id": entry.meta.model_id, "synthetic": bool(entry.meta.synthetic),
+        "label": cfg.label(), "policy": policy_label(cfg), "preset": preset_names(cfg),
+        "eviction": cfg.eviction, "miss": cfg.miss, "admit": cfg.admit, "budget": cfg.budget, "slots": cfg.slots,
+        "slots_per_layer": payload["slots_per_layer"], "allocation": cfg.allocation, "warm": cfg.warm,
+        "warmup_tokens": cfg.warmup_tokens, "reset_per_sequence": cfg.reset_per_sequence, "batch": cfg.batch,
+        "priced": cost is not None, "priced_as": note,
+        "hw": cost.hw if cost is not None else (hw or ""),
+        "model": cost.model if cost is not None else (model or ""),
+        "quant": cost.quant if cost is not None else (quant or ""),
+        "counted_tokens": payload["counted_tokens"],
+        **t,
+    }
+    if tm is not None:
+        by = tm["bytes_per_token"]
+        row.update(
+            s_per_token=tm["s_per_token"], ms_per_token=1e3 * tm["s_per_token"], tok_per_s=tm["tok_per_s"],
+            stall_per_token=tm["stall_per_token"], gb_per_token_sync=by["link_sync"] / 1e9,
+            gb_per_token_background=by["link_background"] / 1e9, gb_per_token_nvme=by["nvme"] / 1e9,
+            gb_per_token_cpu=by["cpu"] / 1e9, gb_per_token_vram_experts=by["experts_vram"] / 1e9,
+            vram_gib_for_cache=tm["vram_bytes_for_cache"] / 2**30, fits_in_vram=tm["fits_in_vram"],
+            timed_steps=tm["timed_steps"],
+        )
+    keys = {"row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(), "cost_key": ck,
+            "label": cfg.label()}
+    layers = [{**keys, **lr} for lr in payload["layers"]]
+    return row, layers
+
+
+# ---------------------------------------------------------------------------------------------- executors
+
+_SHARED: dict = {}  # set before forking: the decoded traces and costs the workers read
+
+
+def _run_task(task: Task) -> tuple[str, dict]:
+    return task.replay_key, replay_payload(_SHARED["routings"][task.trace], task.config,
+                                           _SHARED["costs"][task.cost])
+
+
+def _worker_init() -> None:
+    # The parent handles Ctrl-C (flush, then terminate the pool); a worker must not die mid-result.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # Linux: die with the parent, so a killed sweep leaves no orphaned workers behind
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _serial(tasks):
+    for task in tasks:
+        yield _run_task(task)
+
+
+def _forked(tasks, jobs: int):
+    import multiprocessing as mp
+
+    pool = mp.get_context("fork").Pool(jobs, initializer=_worker_init)
+    try:
+        yield from pool.imap_unordered(_run_task, tasks, chunksize=1)
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
+_RAY_TRACES: dict = {}  # per Ray worker process: object ref -> writable Routing
+
+
+def _ray_batch(trace_ref, cost, tasks):
+    """Runs in a Ray worker. ``trace_ref`` is [ObjectRef] (wrapped so Ray does not resolve it): the
+    object store hands out read-only arrays, which numba would compile as a second signature, so
+    each worker process copies a trace once and keeps it for the later batches."""
+    import numpy as np
+    import ray
+
+    key = trace_ref[0].hex()
+    local = _RAY_TRACES.get(key)
+    if local is None:
+        routing = ray.get(trace_ref[0])
+        local = dataclasses.replace(routing, sel=np.array(routing.sel), w=np.array(routing.w),
+                                    cand=np.array(routing.cand), seq=np.array(routing.seq),
+                                    phase=np.array(routing.phase), _cache={})
+        _RAY_TRACES.clear()  # one trace at a time per worker: bounded memory
+        _RAY_TRACES[key] = local
+    return [(t.replay_key, replay_payload(local, t.config, cost)) for t in tasks]
+
+
+def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None = None, executor: str = "local"):
+    """Replay every task; yield (replay_key, payload) as they finish, in any order. Close the
+    generator (or let an exception through) to stop: worker processes are terminated."""
+    from moesim.simulator.driver import arrays, ensure_compiled
+
+    if executor not in EXECUTORS:
+        raise MoesimError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
+    if jobs is not None and jobs < 1:
+        raise MoesimError(f"--jobs must be at least 1, got {jobs}")
+    if not work:
+        return
+    if executor == "ray":
+        yield from _ray(work, jobs, routings, costs)
+        return
+    ensure_compiled()  # compile or load once, before forking, so no worker compiles
+    for r in routings:
+        if r is not None:
+            arrays(r)  # next-use ticks etc., computed once and inherited by every worker
+    n_jobs = min(jobs or os.cpu_count() or 1, len(work))
+    _SHARED.update(routings=routings, costs=costs)
+    try:
+        yield from (_forked(work, n_jobs) if n_jobs > 1 else _serial(work))
+    finally:
+        _SHARED.clear()
+
+
+def _ray(tasks, jobs: int | None, routings, costs):
+    try:
+        import ray
+    except ImportError:
+        raise MoesimError("--executor ray needs Ray: pip install 'moesim[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        # RAY_ADDRESS (or a running `ray start` head) is honoured; otherwise a local cluster starts here
+        kwargs = {"num_cpus": jobs} if jobs and not os.environ.get("RAY_ADDRESS") else {}
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", **kwargs)
+        started = True
+    try:
+        remote = ray.remote(_ray_batch)
+        trace_refs, cost_refs = {}, {}
+        by_pair: dict[tuple[int, int], list[Task]] = {}
+        for t in tasks:
+            by_pair.setdefault((t.trace, t.cost), []).append(t)
+        n_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        pending = []
+        for (ti, ci), group in by_pair.items():
+            if ti not in trace_refs:
+                trace_refs[ti] = ray.put(dataclasses.replace(routings[ti], _cache={}))
+            if ci not in cost_refs:
+                cost_refs[ci] = ray.put(costs[ci])
+            size = max(1, -(-len(group) // (4 * n_workers)))  # ~4 batches per CPU: balance vs overhead
+            for i in range(0, len(group), size):
+                pending.append(remote.remote([trace_refs[ti]], cost_refs[ci], group[i:i + size]))
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            yield from ray.get(ready[0])
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- the sweep
+
+
+class _Shield:
+    """Ctrl-C while results are being written would land inside polars/pyarrow (and come out as an
+    unrelated error): SIGINT is deferred during ``with shield:`` and raised as KeyboardInterrupt
+    right after. Elsewhere it interrupts at once. Installed in the main thread only."""
+
+    def __init__(self):
+        self.depth = 0
+        self.pending = False
+        self.previous = None
+
+    def __enter__(self):
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        if self.depth == 0 and self.pending and exc[0] is None:
+            self.pending = False
+            raise KeyboardInterrupt
+        return False
+
+    def _handler(self, signum, frame):
+        if self.depth:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    def install(self):
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def uninstall(self):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+
+def load_traces(traces) -> list[TraceEntry]:
+    from moesim.traces import Routing
+
+    if isinstance(traces, (str, os.PathLike, Routing)):
+        traces = [traces]
+    out = []
+    for t in traces:
+        if isinstance(t, Routing):
+            out.append(TraceEntry(t, str(t.path) if t.path is not None else "<in memory>"))
+        else:
+            out.append(TraceEntry(t, str(t)))
+    if not out:
+        raise MoesimError("give at least one trace")
+    return out
+
+
+def plan(entries: list[TraceEntry], grid: Grid):
+    """(tasks, costs, cost_info, notes): every (trace, config, cost) of the sweep, deduplicated."""
+    from moesim.costmodel.pricing import cost_for_trace
+
+    planned = expand(grid)
+    E = {ti: e.meta.n_experts for ti, e in enumerate(entries)}
+    costs, cost_info, notes = [], [], []
+    cost_index: dict[tuple, int] = {}
+    tasks: dict[str, Task] = {}
+    for ti, entry in enumerate(entries):
+        for p in planned:
+            p.config.slots_per_layer(E[ti])
+            pair = (ti, p.hw, p.quant)
+            if pair not in cost_index:
+                cost, note = cost_for_trace(entry.meta, p.hw, grid.model, p.quant)
+                cost_index[pair] = len(costs)
+                costs.append(cost)
+                cost_info.append((note, p.hw, grid.model, p.quant))
+                if note not in notes:
+                    notes.append(note)
+            ci = cost_index[pair]
+            ck = cost_key(costs[ci])
+            key = f"{entry.digest}:{p.config.key()}:{ck}"
+            twin = replay_twin(p.config)
+            tasks.setdefault(key, Task(key, ti, ci, p.config, f"{entry.digest}:{twin.key()}:{ck}"))
+    return list(tasks.values()), costs, cost_info, notes
+
+
+def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jobs: int | None = None,
+              executor: str = "local", progress=None, flush_seconds: float = 2.0) -> SweepOutcome:
+    """Run (or finish) a sweep; return this sweep's rows ranked within their groups.
+
+    ``progress(done, total)`` is called as configs finish. On KeyboardInterrupt the finished rows are
+    flushed to ``output`` before the interrupt propagates."""
+    import polars as pl
+
+    from moesim.simulator.ranking import annotate
+
+    if executor not in EXECUTORS:
+        raise MoesimError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
+    if jobs is not None and jobs < 1:
+        raise MoesimError(f"--jobs must be at least 1, got {jobs}")
+    entries = load_traces(traces)
+    tasks, costs, cost_info, notes = plan(entries, grid)
+    store = ResultStore(output)
+    todo = [t for t in tasks if t.row_key not in store]
+    reused = len(tasks) - len(todo)
+    waiting: dict[str, list[Task]] = {}
+    for t in todo:
+        waiting.setdefault(t.replay_key, []).append(t)
+    # one replay per distinct replay key, run with the twin config
+    work = [dataclasses.replace(ts[0], config=replay_twin(ts[0].config)) for ts in waiting.values()]
+    for t in work:
+        check_config(t.config, entries[t.trace].routing)
+    routings = [e.routing if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
+    results = execute(work, routings, costs, jobs=jobs, executor=executor)
+    done = 0
+    last_flush = time.monotonic()
+    interrupted = False
+    shield = _Shield().install()
+    try:
+        if progress:
+            progress(0, len(todo))
+        for rkey, payload in results:
+            with shield:
+                for task in waiting.pop(rkey):
+                    row, layer_rows = make_rows(task, payload, entries[task.trace], costs[task.cost],
+                                                *cost_info[task.cost])
+                    store.add(row, layer_rows)
+                    done += 1
+                if time.monotonic() - last_flush >= flush_seconds:
+                    store.flush()
+                    last_flush = time.monotonic()
+            if progress:
+                progress(done, len(todo))
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        shield.depth += 1  # a Ctrl-C now cannot cut the last write short (it is dropped: we are stopping)
+        try:
+            results.close()  # terminates worker pools / shuts Ray down
+            store.flush()
+        finally:
+            shield.uninstall()
+        if interrupted and output is not None:
+            import sys
+
+            print(f"moesim: sweep interrupted: {done} of {len(todo)} configs finished and saved in {output}; "
+                  "run the same command again to compute only the rest", file=sys.stderr)
+    keys = [t.row_key for t in tasks]
+    all_rows = store.rows()
+    mine = annotate(all_rows.filter(pl.col("row_key").is_in(keys)))
+    layers = store.layers().filter(pl.col("row_key").is_in(keys))
+    return SweepOutcome(mine, layers, computed=done, reused=reused, interrupted=interrupted, notes=notes,
+                        output=Path(output) if output is not None else None)
+
+
+__all__ = ["run_sweep", "SweepOutcome", "Grid", "layers_path"]

@@ -1,0 +1,208 @@
+"""moesim report: the directory it writes (charts, tables, offline HTML), the numbers in the paper
+tables, atomic replacement and the command's errors. The browser test is test_report_browser.py."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from report_helpers import BUDGETS, built_report, ink_fraction, read_png
+
+from moesim.cli import cli
+from moesim.errors import MoesimError
+
+CHARTS = {"hit_rate_vs_budget", "time_vs_mass", "speedup", "layer_hit_rate", "rolling_hit_rate",
+          "domain_similarity", "gate_weights"}
+
+
+@pytest.fixture(scope="module")
+def rep():
+    return built_report()
+
+
+def _titles(spec) -> list[str]:
+    """Every title text in a Vega-Lite spec (chart, concat and facet levels)."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            t = node.get("title")
+            if isinstance(t, str):
+                found.append(t)
+            elif isinstance(t, dict) and isinstance(t.get("text"), str):
+                found.append(t["text"])
+            for k, v in node.items():
+                if k not in ("encoding", "datasets", "data"):
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(spec)
+    return found
+
+
+def test_every_chart_in_three_formats(rep):
+    out, files = rep["out"], rep["manifest"]["files"]
+    assert set(files["charts"]) == CHARTS
+    for name, f in files["charts"].items():
+        svg = (out / f["svg"]).read_text()
+        assert svg.startswith("<svg") and "<path" in svg, name
+        img = read_png(out / f["png"])
+        assert img.shape[0] > 200 and img.shape[1] > 300, name
+        # a chart with axes, marks and text inks well over 2% of its pixels; a blank render inks none
+        assert ink_fraction(img) > 0.02, f"{name}.png looks blank"
+        json.loads((out / f["spec"]).read_text())
+
+
+def test_synthetic_in_every_chart_title_and_rows_aggregated(rep):
+    out = rep["out"]
+    for name, f in rep["manifest"]["files"]["charts"].items():
+        spec = json.loads((out / f["spec"]).read_text())
+        top = spec["title"]["text"] if isinstance(spec.get("title"), dict) else spec.get("title")
+        assert top and "synthetic" in top, f"{name}: title {top!r} does not say synthetic"
+        for ds, rows in spec.get("datasets", {}).items():
+            assert len(rows) <= 5000, f"{name}: dataset {ds} has {len(rows)} rows"
+        assert "values" not in json.dumps(spec.get("data", {})) or len(spec["data"]["values"]) <= 5000
+
+
+def test_axis_titles_carry_units(rep):
+    out = rep["out"]
+    spec = json.loads((out / "charts" / "hit_rate_vs_budget.vl.json").read_text())
+    text = json.dumps(spec)
+    assert "hit rate (% of expert requests)" in text and "cache budget (% of each layer's experts)" in text
+    text = (out / "charts" / "time_vs_mass.vl.json").read_text()
+    assert "time per token (ms)" in text
+
+
+def test_html_is_self_contained(rep):
+    html = (rep["out"] / "index.html").read_text()
+    assert "<script src" not in html.lower()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html, re.I), "remote reference in the page"
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+    assert "window.vegaEmbed=" in html  # the bundle is inlined
+    assert html.count('<div class="chart"') == len(CHARTS)
+    assert "Synthetic trace" in html
+    manifest = json.loads((rep["out"] / "report.json").read_text())
+    assert manifest["synthetic"] is True and manifest["files"]["html"] == "index.html"
+
+
+def test_tables_in_markdown_latex_csv(rep):
+    out = rep["out"]
+    for name, f in rep["manifest"]["files"]["tables"].items():
+        md = (out / f["Markdown"]).read_text()
+        rows = [ln for ln in md.splitlines() if ln.startswith("|")]
+        assert len(rows) >= 3 and len({ln.count(" | ") for ln in rows[:1] + rows[2:]}) == 1, name
+        tex = (out / f["LaTeX"]).read_text()
+        assert tex.count(r"\begin{tabular}") == 1 and tex.count(r"\end{table}") == 1
+        spec = re.search(r"\\begin\{tabular\}\{([lr]+)\}", tex).group(1)
+        body = tex.split(r"\begin{tabular}")[1].split(r"\end{tabular}")[0]
+        lines = [ln for ln in body.splitlines() if ln.endswith(r"\\")]
+        assert lines and all(len(re.findall(r"(?<!\\)&", ln)) == len(spec) - 1 for ln in lines), name
+        assert "SYNTHETIC" in tex and "SYNTHETIC" in md
+        assert tex.isascii(), f"{name}.tex: non-ASCII text breaks pdflatex"
+        csv = pl.read_csv(out / f["CSV"])
+        assert csv.height == len(rows) - 2
+
+
+def test_routing_profile_table_matches_replays(rep):
+    from moesim.reports.profile import profile
+    from moesim.simulator import SimConfig, simulate
+    from moesim.traces import load_routing
+
+    r = load_routing(rep["trace"])
+    table = pl.read_csv(rep["out"] / "tables" / "routing_profile.csv")
+    assert table["budget (% of experts)"].to_list() == [100 * b for b in BUDGETS]
+    prof = profile(r)
+    assert table["reuse at next token"][0] == pytest.approx(prof["reuse_next_token"])
+    assert table["working set 95% (% of experts)"][0] == pytest.approx(100 * prof["working_set_95"])
+    for i, b in enumerate(BUDGETS):
+        for ev, col in (("lru", "LRU hit (%)"), ("static", "static hit (%)"), ("belady", "Belady hit (%)")):
+            want = 100 * simulate(r, SimConfig(eviction=ev, budget=b)).totals()["hit_rate"]
+            assert table[col][i] == pytest.approx(want), (ev, b)
+    # Belady is the offline optimum among the cold-start evictions
+    assert (table["Belady hit (%)"] >= table["LRU hit (%)"]).all()
+
+
+def test_policy_table_rows(rep):
+    table = pl.read_csv(rep["out"] / "tables" / "policies.csv", infer_schema_length=0)
+    presets = set(table["policy"].to_list())
+    assert {"quality-first", "speed-first", "fetch-all", "llama.cpp"} <= presets
+    assert table["ΔPPL (%)"].is_null().all()  # left for the user's own measurement
+    rows = pl.read_parquet(rep["results"])
+    fa = rows.filter((pl.col("preset") == "fetch-all") & (pl.col("budget") == 0.25)).row(0, named=True)
+    mine = table.filter((pl.col("policy") == "fetch-all") & (pl.col("budget (% of experts)") == "25.0")).row(0, named=True)
+    assert float(mine["ms per token"]) == pytest.approx(1e3 * fa["s_per_token"])
+    assert float(mine["speed-up (×)"]) == pytest.approx(1.0)
+    assert float(mine["substituted (%)"]) == 0.0
+    # speed-up: the fetch-all preset's time per token at the same budget over the row's
+    at25 = table.filter(pl.col("budget (% of experts)") == "25.0")
+    ms = at25["ms per token"].cast(float)
+    assert at25["speed-up (×)"].cast(float).to_list() == pytest.approx((float(mine["ms per token"]) / ms).to_list())
+    assert ms.to_list() == sorted(ms.to_list())  # fastest first within a budget
+    qf = table.filter(pl.col("policy") == "quality-first")
+    assert (qf["substituted (%)"].cast(float) > 0).all()
+    md = (rep["out"] / "tables" / "policies.md").read_text()
+    assert "ΔPPL" in md and r"$\Delta$PPL" in (rep["out"] / "tables" / "policies.tex").read_text()
+
+
+def test_rebuild_replaces_atomically_and_refuses_foreign_dirs(rep, tmp_path):
+    from moesim.reports.report import build_report
+
+    out = tmp_path / "rep"
+    build_report(out, trace=rep["trace"], budgets=[0.25])  # trace-only builds: quicker, same publishing
+    (out / "stale.txt").write_text("from an older report")
+    build_report(out, trace=rep["trace"], budgets=[0.25])
+    assert not (out / "stale.txt").exists() and (out / "index.html").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary directories left behind"
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    with pytest.raises(MoesimError, match="not a moesim report"):
+        build_report(foreign, results=rep["results"])
+    assert (foreign / "thesis.tex").read_text() == "precious"
+
+
+def test_cli_report_and_errors(rep, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(cli, ["report", str(rep["results"]), "-o", str(tmp_path / "r")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "7 charts, 2 tables" in res.output and "[synthetic trace]" in res.output
+    res = runner.invoke(cli, ["report", str(tmp_path / "missing.parquet"), "-o", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "no such results file" in res.output
+    res = runner.invoke(cli, ["report", str(rep["trace"]), "-o", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "not a moesim sweep results file" in res.output
+    res = runner.invoke(cli, ["report", "-o", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "give sweep RESULTS" in res.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_trace_only_report(rep, tmp_path):
+    """What `moesim profile --plot` writes: no sweep, so no time charts and no policy table."""
+    from moesim.reports.report import build_report
+
+    m = build_report(tmp_path / "p", trace=rep["trace"], budgets=[0.25])
+    assert set(m["files"]["charts"]) == {"hit_rate_vs_budget", "rolling_hit_rate", "domain_similarity",
+                                         "gate_weights"}
+    assert set(m["files"]["tables"]) == {"routing_profile"}
+
+
+def test_results_without_their_trace(rep, tmp_path):
+    """The trace moved away: the sweep's charts and the policy table only, and a note saying why."""
+    from moesim.reports.report import build_report
+    from moesim.simulator.store import layers_path
+
+    rows = pl.read_parquet(rep["results"]).with_columns(pl.lit("gone/q30.parquet").alias("trace"))
+    rows.write_parquet(tmp_path / "r.parquet")
+    pl.read_parquet(layers_path(rep["results"])).write_parquet(layers_path(tmp_path / "r.parquet"))
+    m = build_report(tmp_path / "out", results=tmp_path / "r.parquet")
+    assert set(m["files"]["charts"]) == {"hit_rate_vs_budget", "time_vs_mass", "speedup", "layer_hit_rate"}
+    assert set(m["files"]["tables"]) == {"policies"}
+    assert any("was not found" in n for n in m["notes"])
+    # the hit-rate curve falls back to the sweep's fetch-all rows: one point per eviction and budget
+    spec = json.loads((tmp_path / "out" / "charts" / "hit_rate_vs_budget.vl.json").read_text())
+    (data,) = [v for v in spec["datasets"].values() if v and "eviction" in v[0]]
+    assert len(data) == 6 * len(BUDGETS)

@@ -1,0 +1,100 @@
+"""Sweep grids: the default grid, presets, fetch-all baselines, TOML files, flags over files."""
+
+import pytest
+
+from moesim.errors import MoesimError
+from moesim.simulator.grid import PRESETS, Grid, axis, baseline_of, canonical, expand, grid_from_doc, load_toml
+from moesim.simulator.sweep import preset_names
+
+
+def configs(grid):
+    return [p.config for p in expand(grid)]
+
+
+def test_default_grid_has_40_distinct_configs_per_budget_with_every_preset():
+    cfgs = configs(Grid(budgets=[0.25]))
+    assert len(cfgs) == 40
+    assert len({c.key() for c in cfgs}) == 40
+    assert {c.eviction for c in cfgs} == {"lru", "lfu", "freq", "fifo", "static", "belady"}
+    assert {c.miss for c in cfgs} == {"fetch-all", "threshold:0.15", "first-choice", "substitute", "cpu"}
+    names = {n for c in cfgs for n in preset_names(c).split(",") if n}
+    assert names == set(PRESETS)
+    # admission only where it can act
+    for c in cfgs:
+        if c.admit is not None:
+            assert c.miss in ("threshold:0.15", "first-choice", "substitute") and c.eviction != "static"
+    # substitute without admission on a cold unpinned cache drops everything: left out by default
+    assert not [c for c in cfgs if c.miss == "substitute" and c.admit is None and c.eviction != "static"]
+    assert len(configs(Grid(budgets=[0.125, 0.25, 0.5]))) == 120
+
+
+def test_every_config_has_its_fetch_all_baseline():
+    cfgs = configs(Grid(budgets=[0.25], evictions=["belady"], misses=["first-choice"], admits=[0.5]))
+    keys = {c.key() for c in cfgs}
+    for c in cfgs:
+        assert baseline_of(c).key() in keys
+    # the presets came along, with their baselines (freq, static and lru fetch-all)
+    assert {preset_names(c) for c in cfgs} >= {"quality-first", "speed-first", "fetch-all", "llama.cpp"}
+    assert {(c.eviction, c.miss) for c in cfgs if c.miss == "fetch-all"} == {
+        ("belady", "fetch-all"), ("freq", "fetch-all"), ("static", "fetch-all"), ("lru", "fetch-all")}
+
+
+def test_presets_can_be_left_out_and_explicit_axes_are_kept_verbatim():
+    cfgs = configs(Grid(slots=[8], evictions=["lru"], misses=["substitute", "cpu"], admits=[None], presets=False))
+    assert sorted(c.label() for c in cfgs) == ["lru / cpu / 8 slots", "lru / fetch-all / 8 slots",
+                                               "lru / substitute / 8 slots"]
+
+
+def test_admission_that_cannot_act_is_canonicalized():
+    from moesim.simulator.config import SimConfig
+
+    a = canonical(SimConfig(eviction="static", miss="threshold:0.15", admit=0.5, budget=0.25))
+    assert a.admit is None
+    b = canonical(SimConfig(eviction="lru", miss="fetch-all", admit=0.5, budget=0.25))
+    assert b == SimConfig(eviction="lru", miss="fetch-all", budget=0.25)
+
+
+def test_toml_ranges_and_flag_override(tmp_path):
+    f = tmp_path / "sweep.toml"
+    f.write_text('budgets = {start = 0.1, stop = 0.3, step = 0.1}\neviction = ["lru", "freq:64"]\n'
+                 'miss = ["fetch-all"]\ntheta = [0.1, 0.2]\nadmit = ["none", 0.5]\nallocation = ["per-layer", "global"]\n'
+                 'hw = ["rtx3090-pcie4", "rtx4090-pcie4"]\nwarmup_tokens = 10\n')
+    g = load_toml(f)
+    assert g.budgets == [0.1, 0.2, 0.3]
+    assert g.evictions == ["lru", "freq:64"] and g.thetas == [0.1, 0.2] and g.admits == [None, 0.5]
+    assert g.warmup_tokens == 10 and g.hws == ["rtx3090-pcie4", "rtx4090-pcie4"]
+    cfgs = expand(g)
+    assert {p.hw for p in cfgs} == {"rtx3090-pcie4", "rtx4090-pcie4"}
+    assert {p.config.miss for p in cfgs} >= {"threshold:0.1", "threshold:0.2", "fetch-all"}
+    assert all(p.config.warmup_tokens == 10 for p in cfgs)
+    # a flag replaces its axis only; --budget also replaces the file's slots
+    g2 = g.override(budgets=axis("budgets", ["0.5"]), evictions=None)
+    assert g2.budgets == [0.5] and g2.slots == [] and g2.evictions == ["lru", "freq:64"]
+    # the [sweep] table form and the dict form are the same grid
+    f2 = tmp_path / "wrapped.toml"
+    f2.write_text("[sweep]\nslots = \"4:16:4\"\n")
+    assert load_toml(f2).slots == [4, 8, 12, 16]
+    assert grid_from_doc({"slots": [4, 8]}).slots == [4, 8]
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("bogus = 1\n", "unknown sweep key"),
+    ("budgets = {start = 0.5, stop = 0.1, step = 0.1}\n", "bad range"),
+    ("slots = [1.5]\n", "whole number"),
+    ("budgets = [0.25\n", "not valid TOML"),
+    ("warm = 3\n", "true or false"),
+])
+def test_bad_toml_is_one_clear_error(tmp_path, text, msg):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(MoesimError, match=msg):
+        load_toml(f)
+
+
+def test_no_cache_size_and_bad_values():
+    with pytest.raises(MoesimError, match="cache size"):
+        expand(Grid())
+    with pytest.raises(MoesimError, match="unknown eviction"):
+        expand(Grid(budgets=[0.25], evictions=["mru"]))
+    with pytest.raises(MoesimError, match="budget must be"):
+        expand(Grid(budgets=[1.5]))
