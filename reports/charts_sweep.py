@@ -94,7 +94,7 @@ def pareto_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:
     labels_below = preset.transform_filter("datum.label_below").mark_text(dy=12, **label).encode(text="preset:N")
     sizes = frame.select("size", "size_label").unique().sort("size")["size_label"].to_list()
     chart = alt.layer(points, front, rings, labels_above, labels_below, data=frame).properties(
-        width=300, height=280).facet(
+        width=260, height=280).facet(
         column=alt.Column("size_label:N", title=None, sort=sizes),
     ).properties(title=title("Time per token against substituted gate mass", synthetic,
                              f"priced as {priced_as}; black line: Pareto front of each budget; "

@@ -28,8 +28,8 @@ h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { margin-top: 2em; border-botto
 figure { margin: 1.5em 0; } figcaption { color: #444; max-width: 900px; margin-top: .4em; }
 .files, .note { font-size: .9em; color: #666; }
 table.data { border-collapse: collapse; font-size: .9em; margin: .5em 0; }
-table.data th, table.data td { border-bottom: 1px solid #ddd; padding: .25em .7em; text-align: right; }
-table.data th:first-child, table.data td:first-child { text-align: left; }
+table.data th, table.data td { border-bottom: 1px solid #ddd; padding: .25em .7em; }
+.chart { overflow-x: auto; }
 table.data th { border-bottom: 2px solid #888; }
 """
 
@@ -49,7 +49,9 @@ RUNNER = """
       el.textContent = 'This chart failed to render: ' + err;
     }
   }
-  document.getElementById('moesim-status').textContent = JSON.stringify(status);
+  const line = document.getElementById('moesim-status');
+  line.textContent = JSON.stringify(status);
+  line.hidden = status.errors.length === 0;
   document.documentElement.dataset.moesimCharts = status.errors.length ? 'error' : 'done';
 })();
 """
@@ -89,8 +91,10 @@ def _script_json(doc) -> str:
 
 def table_html(table) -> str:
     """A reports.tables.Table (the same rounded cells as its Markdown and LaTeX) as an HTML table."""
-    head = "".join(f"<th>{html.escape(c.header)}</th>" for c in table.columns)
-    rows = ["<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in table.cells]
+    align = ["left" if c.align == "l" else "right" for c in table.columns]
+    head = "".join(f'<th style="text-align:{a}">{html.escape(c.header)}</th>' for c, a in zip(table.columns, align))
+    rows = ["<tr>" + "".join(f'<td style="text-align:{a}">{html.escape(v)}</td>' for v, a in zip(row, align))
+            + "</tr>" for row in table.cells]
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
@@ -129,7 +133,7 @@ def render_page(*, title: str, meta_rows: list[tuple[str, str]], banner: str | N
         parts.append(f"<h3>{e(t['title'])}</h3><p>{e(t['caption'])}</p>"
                      + table_html(t["table"])
                      + f'<p class="files">files: {links}</p>')
-    parts.append('<pre id="moesim-status" class="note"></pre>')
+    parts.append('<pre id="moesim-status" class="note" hidden></pre>')
     parts.append(f"<script>{vega_bundle(vl_version)}</script>")
     parts.append(f"<script>{RUNNER % (len(figures), json.dumps(EMBED_OPTIONS))}</script>")
     parts.append("</body></html>")

@@ -80,14 +80,12 @@ def cell_text(value, fmt: str | None = None) -> str:
 
 
 def baseline_hit_rates(routing, budgets) -> dict[float, dict[str, float]]:
-    """Fetch-all hit rate of LRU, LFU, static and Belady at each budget (cold start, per-layer caches)."""
-    from moesim.simulator import SimConfig, simulate
+    """Fetch-all hit rate of LRU, LFU, static and Belady at each budget (cold start, per-layer caches):
+    the profile's Table 3 (reports/profile.py cache_hit_rates) at every budget."""
+    from moesim.reports.profile import cache_hit_rates
 
-    out = {}
-    for b in budgets:
-        out[float(b)] = {ev: simulate(routing, SimConfig(eviction=ev, miss="fetch-all", budget=float(b)))
-                         .totals()["hit_rate"] for ev in BASELINE_EVICTIONS}
-    return out
+    return {float(b): cache_hit_rates(routing, budget=float(b), evictions=BASELINE_EVICTIONS)["hit_rate"]
+            for b in budgets}
 
 
 def routing_profile_table(prof: dict, hit_rates: dict[float, dict[str, float]]) -> PaperTable:

@@ -111,6 +111,13 @@ class SimConfig:
         return parse_eviction(self.eviction)[1]
 
     @property
+    def pinned(self) -> bool:
+        """A fixed pinned set (static, static-layers): nothing is ever evicted or admitted."""
+        from moesim.policies.registry import EVICTIONS
+
+        return EVICTIONS[EVICTION_CODES[self.eviction_name]].STRUCTURE == "none"
+
+    @property
     def miss_name(self) -> str:
         return parse_miss(self.miss)[0]
 

@@ -1,10 +1,10 @@
 """Sweep grids: axes (from a TOML file and/or command-line flags) -> the list of configs to replay.
 
 The default grid (only a budget given) is every eviction x {fetch-all, threshold:0.15, first-choice,
-substitute, cpu} x admission {none, 0.5}: 40 configs per cache size, after removing
+substitute, cpu} x admission {none, 0.5}: 45 configs per cache size, after removing
 
 - admission where it cannot act (it would replay identically without it): fetch-all and cpu never
-  substitute, static never admits (15 configs);
+  substitute, static and static-layers never admit (20 configs);
 - substitute without admission under a non-static eviction (5 configs): the cold cache never receives
   an expert, so every request is dropped (substituted mass 1 per step, 0% hits) — the fastest and
   most useless row of any table. Asking for them explicitly (--miss substitute --admit none) keeps them.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from moesim.errors import MoesimError
 from moesim.simulator.config import SimConfig
 
-DEFAULT_EVICTIONS = ("lru", "lfu", "freq", "fifo", "static", "belady")
+DEFAULT_EVICTIONS = ("lru", "lfu", "freq", "fifo", "static", "static-layers", "belady")
 DEFAULT_MISSES = ("fetch-all", "threshold:0.15", "first-choice", "substitute", "cpu")
 DEFAULT_ADMITS = (None, 0.5)
 
@@ -36,7 +36,9 @@ PRESETS: dict[str, dict] = {
     "quality-first": {"eviction": "freq", "miss": "threshold:0.15", "admit": 0.5},
     "speed-first": {"eviction": "freq", "miss": "first-choice", "admit": 0.5},
     "fetch-all": {"eviction": "lru", "miss": "fetch-all", "admit": None},
-    "llama.cpp": {"eviction": "static", "miss": "cpu", "admit": None},
+    # llama.cpp places experts per layer (--n-cpu-moe / -ot keep whole layers' stacked expert tensors on the
+    # CPU), so its preset pins whole layers; per-expert pinning (static + cpu) is in the default grid.
+    "llama.cpp": {"eviction": "static-layers", "miss": "cpu", "admit": None},
 }
 
 # TOML keys (singular or plural) -> axis name
@@ -103,7 +105,7 @@ class Planned:
 def canonical(config: SimConfig) -> SimConfig:
     """Drop the admission threshold where it cannot act (no substitution, or no admission),
     so configs that replay identically share one key."""
-    if config.admit is not None and (config.miss in ("fetch-all", "cpu") or config.eviction_name == "static"):
+    if config.admit is not None and (config.miss in ("fetch-all", "cpu") or config.pinned):
         return dataclasses.replace(config, admit=None)
     return config
 
@@ -116,7 +118,7 @@ def baseline_of(config: SimConfig) -> SimConfig:
 def never_cached(config: SimConfig) -> bool:
     """A cold cache nothing ever enters: no pinning, and a miss policy that never fetches with no
     background admission. Every request misses whatever the eviction policy."""
-    if config.eviction_name == "static" or config.warm:
+    if config.pinned or config.warm:
         return False
     return config.miss == "cpu" or (config.miss in ("substitute", "drop") and config.admit is None)
 

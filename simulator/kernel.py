@@ -67,7 +67,7 @@ def request_counts(sel, n_experts, n_tokens):
 # The replay kernel and its helpers are compiled without NRT (the driver allocates
 # every array): with NRT, each use of an array in an inlined helper or each call
 # increfs and decrefs it atomically, which made replay ~10x slower.
-@njit(inline="always")
+@njit(_nrt=False)
 def _admit(structure, evict_code, pool, o, tick, ob, fo, po, heap):
     """Make o resident in its pool, evicting the policy's victim when the pool is full.
     Returns the victim, or -1."""
@@ -115,7 +115,7 @@ def _touch(structure, move_on_access, evict_code, pool, o, tick, ob, fo, po, hea
         heap_fix(ob, fo, po, heap, pool, ob[o, HPOS])
 
 
-@njit(inline="always")
+@njit(_nrt=False)
 def _from_nvme(o, ram, ob, po):
     """Read o from host memory: True when it must first come from NVMe (a host-RAM tier
     miss, which then caches it, evicting the least recently used)."""

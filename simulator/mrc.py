@@ -19,10 +19,7 @@ import os
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.simulator.jitcache import numba_cache_dir
-
-with numba_cache_dir():
-    from moesim.simulator.stack_distance import stack_histograms
+from moesim.simulator.stack_distance import stack_histograms  # decorated under the hashed cache dir (package init)
 
 DEFAULT_EVICTIONS = ("lru", "lfu", "freq", "fifo", "static", "belady")
 DEFAULT_BUDGETS = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -31,6 +32,7 @@ def built_report() -> dict:
     from moesim.traces.synthetic import synthesize
 
     root = Path(tempfile.mkdtemp(prefix="moesim-report-test-"))
+    atexit.register(shutil.rmtree, root, True)
     trace = synthesize("qwen3-30b-a3b", 300, seqs=2, seed=3, path=root / "q30.parquet")
     results = root / "r.parquet"
     run_sweep([trace], Grid(budgets=list(BUDGETS)), output=results, jobs=1)

@@ -11,21 +11,21 @@ def configs(grid):
     return [p.config for p in expand(grid)]
 
 
-def test_default_grid_has_40_distinct_configs_per_budget_with_every_preset():
+def test_default_grid_has_45_distinct_configs_per_budget_with_every_preset():
     cfgs = configs(Grid(budgets=[0.25]))
-    assert len(cfgs) == 40
-    assert len({c.key() for c in cfgs}) == 40
-    assert {c.eviction for c in cfgs} == {"lru", "lfu", "freq", "fifo", "static", "belady"}
+    assert len(cfgs) == 45
+    assert len({c.key() for c in cfgs}) == 45
+    assert {c.eviction for c in cfgs} == {"lru", "lfu", "freq", "fifo", "static", "static-layers", "belady"}
     assert {c.miss for c in cfgs} == {"fetch-all", "threshold:0.15", "first-choice", "substitute", "cpu"}
     names = {n for c in cfgs for n in preset_names(c).split(",") if n}
     assert names == set(PRESETS)
     # admission only where it can act
     for c in cfgs:
         if c.admit is not None:
-            assert c.miss in ("threshold:0.15", "first-choice", "substitute") and c.eviction != "static"
+            assert c.miss in ("threshold:0.15", "first-choice", "substitute") and not c.pinned
     # substitute without admission on a cold unpinned cache drops everything: left out by default
-    assert not [c for c in cfgs if c.miss == "substitute" and c.admit is None and c.eviction != "static"]
-    assert len(configs(Grid(budgets=[0.125, 0.25, 0.5]))) == 120
+    assert not [c for c in cfgs if c.miss == "substitute" and c.admit is None and not c.pinned]
+    assert len(configs(Grid(budgets=[0.125, 0.25, 0.5]))) == 135
 
 
 def test_every_config_has_its_fetch_all_baseline():
@@ -33,10 +33,10 @@ def test_every_config_has_its_fetch_all_baseline():
     keys = {c.key() for c in cfgs}
     for c in cfgs:
         assert baseline_of(c).key() in keys
-    # the presets came along, with their baselines (freq, static and lru fetch-all)
+    # the presets came along, with their baselines (freq, static-layers and lru fetch-all)
     assert {preset_names(c) for c in cfgs} >= {"quality-first", "speed-first", "fetch-all", "llama.cpp"}
     assert {(c.eviction, c.miss) for c in cfgs if c.miss == "fetch-all"} == {
-        ("belady", "fetch-all"), ("freq", "fetch-all"), ("static", "fetch-all"), ("lru", "fetch-all")}
+        ("belady", "fetch-all"), ("freq", "fetch-all"), ("static-layers", "fetch-all"), ("lru", "fetch-all")}
 
 
 def test_presets_can_be_left_out_and_explicit_axes_are_kept_verbatim():
@@ -57,7 +57,8 @@ def test_admission_that_cannot_act_is_canonicalized():
 def test_toml_ranges_and_flag_override(tmp_path):
     f = tmp_path / "sweep.toml"
     f.write_text('budgets = {start = 0.1, stop = 0.3, step = 0.1}\neviction = ["lru", "freq:64"]\n'
-                 'miss = ["fetch-all"]\ntheta = [0.1, 0.2]\nadmit = ["none", 0.5]\nallocation = ["per-layer", "global"]\n'
+                 'miss = ["fetch-all"]\ntheta = [0.1, 0.2]\nadmit = ["none", 0.5]\n'
+                 'allocation = ["per-layer", "global"]\n'
                  'hw = ["rtx3090-pcie4", "rtx4090-pcie4"]\nwarmup_tokens = 10\n')
     g = load_toml(f)
     assert g.budgets == [0.1, 0.2, 0.3]

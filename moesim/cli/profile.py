@@ -32,7 +32,7 @@ def command(trace, fmt, budget, slots, plot):
     if plot:
         from moesim.reports.report import build_report
 
-        build_report(plot, trace=trace)
+        build_report(plot, trace=trace, budgets=[budget] if budget is not None else None)
         click.echo(f"charts and tables: {plot}/index.html", err=True)
 
 
