@@ -1,10 +1,11 @@
 """Sweep grids: axes (from a TOML file and/or command-line flags) -> the list of configs to replay.
 
-The default grid (only a budget given) is every eviction x {fetch-all, threshold:0.15, first-choice,
-substitute, cpu} x admission {none, 0.5}: 45 configs per cache size, after removing
+The default grid (only a budget given) is every eviction but static-layers x {fetch-all,
+threshold:0.15, first-choice, substitute, cpu} x admission {none, 0.5}: 40 configs per cache size,
+plus the llama.cpp preset (static-layers + cpu) and its fetch-all baseline (42 rows), after removing
 
 - admission where it cannot act (it would replay identically without it): fetch-all and cpu never
-  substitute, static and static-layers never admit (20 configs);
+  substitute, static never admits (15 configs);
 - substitute without admission under a non-static eviction (5 configs): the cold cache never receives
   an expert, so every request is dropped (substituted mass 1 per step, 0% hits) — the fastest and
   most useless row of any table. Asking for them explicitly (--miss substitute --admit none) keeps them.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from moesim.errors import MoesimError
 from moesim.simulator.config import SimConfig
 
-DEFAULT_EVICTIONS = ("lru", "lfu", "freq", "fifo", "static", "static-layers", "belady")
+DEFAULT_EVICTIONS = ("lru", "lfu", "freq", "fifo", "static", "belady")
 DEFAULT_MISSES = ("fetch-all", "threshold:0.15", "first-choice", "substitute", "cpu")
 DEFAULT_ADMITS = (None, 0.5)
 

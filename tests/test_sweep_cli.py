@@ -53,7 +53,7 @@ def test_table_is_ranked_by_time_per_token_with_presets_and_synthetic_title(swep
     assert len(tables) == 2
     for title, rows in tables:
         assert "SYNTHETIC trace" in title and "ranked by time per token" in title
-        assert len(rows) == 45 and [r["#"] for r in rows] == [str(i) for i in range(1, 46)]
+        assert len(rows) == 42 and [r["#"] for r in rows] == [str(i) for i in range(1, 43)]
         ms = [float(r["ms/token"]) for r in rows]
         assert ms == sorted(ms)
         presets = {r["preset"]: r["policy"] for r in rows if r["preset"]}
@@ -68,11 +68,11 @@ def test_parquet_rows_and_layers_keyed_by_trace_config_and_cost(swept, trace):
     out, _ = swept
     df = pl.read_parquet(out)
     lay = pl.read_parquet(layers_path(out))
-    assert df.height == 90 and df["row_key"].n_unique() == 90
+    assert df.height == 84 and df["row_key"].n_unique() == 84
     assert list(df.columns[: len(ROW_SCHEMA)]) == list(ROW_SCHEMA)
     assert df["synthetic"].all() and df["priced"].all()
     assert (df["row_key"] == df["trace_digest"] + ":" + df["config_key"] + ":" + df["cost_key"]).all()
-    assert lay.height == 90 * 48 and set(lay["row_key"]) == set(df["row_key"])
+    assert lay.height == 84 * 48 and set(lay["row_key"]) == set(df["row_key"])
     # layer rows add up to the config's totals
     sums = lay.group_by("row_key").agg(pl.col("hits").sum(), pl.col("requests").sum())
     j = df.join(sums, on="row_key", suffix="_l")
@@ -83,10 +83,10 @@ def test_parquet_rows_and_layers_keyed_by_trace_config_and_cost(swept, trace):
                          & (pl.col("budget") == r["budget"]))
         assert base.height == 1
         assert r["speedup_vs_fetch_all"] == pytest.approx(base["s_per_token"][0] / r["s_per_token"])
-    # ranks are 1..45 in each budget, best time first
+    # ranks are 1..42 in each budget, best time first
     for b in (0.125, 0.25):
         part = df.filter(pl.col("budget") == b).sort("rank")
-        assert part["rank"].to_list() == list(range(1, 46))
+        assert part["rank"].to_list() == list(range(1, 43))
         assert part["s_per_token"].is_sorted()
 
 
@@ -106,9 +106,9 @@ def test_rerun_prints_the_same_rows_from_the_file_in_every_format(swept, trace):
     args = ["sweep", trace, "--budget", "0.125", "--budget", "0.25", "-o", out]
     js = json.loads(run_cli(*args, "--format", "json").stdout)
     assert js["synthetic"] is True and js["ranked_by"] == ["time per token"]
-    assert len(js["rows"]) == 90 and {r["row_key"] for r in js["rows"]} == set(pl.read_parquet(out)["row_key"])
+    assert len(js["rows"]) == 84 and {r["row_key"] for r in js["rows"]} == set(pl.read_parquet(out)["row_key"])
     rows = list(csv.DictReader(io.StringIO(run_cli(*args, "--format", "csv").stdout)))
-    assert len(rows) == 90 and all(r["synthetic"] == "true" for r in rows)
+    assert len(rows) == 84 and all(r["synthetic"] == "true" for r in rows)
     assert [r["row_key"] for r in rows] == [r["row_key"] for r in js["rows"]]
     md = run_cli(*args, "--format", "markdown", "--top", "5").stdout
     assert md.count("SYNTHETIC trace") == 2 and md.count("| 5 |") == 2 and "| 6 |" not in md
@@ -122,7 +122,7 @@ def test_latex_table_parses(swept, trace):
     spec = re.search(r"\\begin\{tabular\}\{(\w+)\}", tex).group(1)
     body = tex.split(r"\begin{tabular}")[1].split(r"\end{tabular}")[0]
     rows = [line for line in body.splitlines() if line.endswith(r"\\")]
-    assert len(rows) == 46  # header + 45 configs
+    assert len(rows) == 43  # header + 42 configs
     for line in rows:
         cells = re.split(r"(?<!\\)&", line[: -2])
         assert len(cells) == len(spec), line
