@@ -6,6 +6,7 @@ from numba import njit
 
 NAME = "belady"
 STRUCTURE = "heap"
+USES_NEXT_REQUEST = True  # the kernel keeps each expert's next request tick up to date
 DOC = "evict the expert the router requests farthest in the future (offline bound)"
 
 

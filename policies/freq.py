@@ -7,6 +7,7 @@ from numba import njit
 
 NAME = "freq"
 STRUCTURE = "heap"
+USES_SCORE = True  # the kernel keeps the decayed request score up to date
 DOC = "fewest router requests so far, counts persist across evictions; freq:H decays with half-life H tokens"
 
 

@@ -2,7 +2,8 @@
 
 Adding an eviction policy: write its module (NAME, STRUCTURE, DOC and, for a
 "heap" policy, an inlined ``priority(count, score, next_req)``: the resident
-expert with the lowest (priority, last-use tick) is evicted), add one row to
+expert with the lowest (priority, last-use tick) is evicted; USES_SCORE or
+USES_NEXT_REQUEST = True when it reads the score or the next request), add one row to
 EVICTIONS, one branch to ``priority`` below, and its reference implementation
 in tests/reference_replay.py.
 
@@ -46,6 +47,11 @@ def structure_code(code: int) -> int:
 
 def module(code: int):
     return EVICTIONS[code]
+
+
+def uses(code: int, what: str) -> bool:
+    """Does the policy read ``what`` (SCORE or NEXT_REQUEST)? The kernel skips upkeep it does not need."""
+    return bool(getattr(EVICTIONS[code], f"USES_{what}", False))
 
 
 def move_on_access(code: int) -> bool:

@@ -10,7 +10,7 @@ import numpy as np
 
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
-from moesim.policies.registry import STRUCTURES, eviction_code, module, move_on_access, structure_code
+from moesim.policies.registry import STRUCTURES, eviction_code, module, move_on_access, structure_code, uses
 from moesim.policies.static import most_requested
 from moesim.simulator import kernel
 from moesim.simulator.batch import batch_routing
@@ -126,7 +126,8 @@ def simulate(routing: Routing | str | os.PathLike, config: SimConfig | None = No
     tok_seconds = np.zeros(T, np.float64)
     tok_stall = np.zeros(T, np.float64)
     args = (a["sel"], a["w"], wm, a["cand"], a["next_tick"], a["first_tick"], a["tok_seq"],
-            code, structure_code(code), move_on_access(code), miss_code, float(config.theta),
+            code, structure_code(code), move_on_access(code), uses(code, "SCORE"), uses(code, "NEXT_REQUEST"),
+            miss_code, float(config.theta),
             float(config.admit or 0.0), pool_of_layer, pinned, warm_objs, ram_warm,
             kernel_costs(cost, L, config.batch), half_life, warmup, bool(config.reset_per_sequence),
             *new_state(pool_cap, L, E, run.top_k, ram_cap),
@@ -176,7 +177,8 @@ def ensure_compiled() -> None:
     kernel.request_counts(sel, 1, 1)
     w = np.ones((1, 1, 1), np.float32)
     kernel.replay(sel, w, w, np.zeros((1, 1, 1), np.int16), nxt, first,
-                  np.zeros(1, np.int32), 0, 0, True, 0, 0.0, 0.0, np.zeros(1, np.int64), np.zeros(1, np.bool_),
+                  np.zeros(1, np.int32), 0, 0, True, True, True, 0, 0.0, 0.0, np.zeros(1, np.int64),
+                  np.zeros(1, np.bool_),
                   np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(kernel.N_COSTS), 0.0, 0, False,
                   *new_state(np.ones(1, np.int64), 1, 1, 1),
                   np.zeros((1, kernel.N_COUNTERS), np.int64), np.zeros(1), np.zeros((1, kernel.N_COUNTERS), np.int64),

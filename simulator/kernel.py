@@ -12,9 +12,9 @@ from numba import njit
 
 from moesim.policies import miss
 from moesim.policies.registry import priority
-from moesim.simulator.structures import (ACC, CAP, CNT, HBASE, HEAD, HPOS, HSIZE, KEY1, KEY2, MARK, N_COUNTERS,
-                                         NREQ, QUEUED, RES, RNXT, RPRV, RRES, SCORE, SIZE, TAIL, heap_fix,
-                                         list_push_front, list_unlink)
+from moesim.simulator.structures import (ACC, CAP, CNT, HBASE, HEAD, HK1, HK2, HOBJ, HPOS, HSIZE, MARK,
+                                         N_COUNTERS, NREQ, QUEUED, RES, RNXT, RPRV, RRES, SCORE, SIZE, TAIL,
+                                         heap_fix, list_push_front, list_unlink)
 
 # counter columns (per layer and per token)
 (REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS,
@@ -75,25 +75,24 @@ def _admit(structure, evict_code, pool, o, tick, ob, fo, po, heap):
     full = po[pool, SIZE] >= po[pool, CAP]
     ob[o, RES] = 1
     ob[o, CNT] = 1
-    ob[o, KEY2] = tick
     if structure == LIST:
         if full:
             v = po[pool, TAIL]
             list_unlink(ob, po, pool, v)
         list_push_front(ob, po, pool, o)
     else:
-        fo[o, KEY1] = priority(evict_code, 1, fo[o, SCORE], ob[o, NREQ])
         base = po[pool, HBASE]
-        if full:  # o takes the root's place, then sinks
-            v = heap[base]
+        if full:  # o takes the root's place (the victim), then sinks
+            j = base
+            v = np.int64(heap[j, HOBJ])
             ob[v, HPOS] = -1
-            heap[base] = o
-            heap_fix(ob, fo, po, heap, pool, 0)
         else:
-            i = po[pool, HSIZE]
-            heap[base + i] = o
-            po[pool, HSIZE] = i + 1
-            heap_fix(ob, fo, po, heap, pool, i)
+            j = base + po[pool, HSIZE]
+            po[pool, HSIZE] += 1
+        heap[j, HK1] = priority(evict_code, 1, fo[o, SCORE], ob[o, NREQ])
+        heap[j, HK2] = tick
+        heap[j, HOBJ] = o
+        heap_fix(ob, po, heap, pool, j - base)
     if full:
         ob[v, RES] = 0
         ob[v, CNT] = 0
@@ -110,9 +109,10 @@ def _touch(structure, move_on_access, evict_code, pool, o, tick, ob, fo, po, hea
             list_unlink(ob, po, pool, o)
             list_push_front(ob, po, pool, o)
     elif structure == HEAP:
-        fo[o, KEY1] = priority(evict_code, ob[o, CNT], fo[o, SCORE], ob[o, NREQ])
-        ob[o, KEY2] = tick
-        heap_fix(ob, fo, po, heap, pool, ob[o, HPOS])
+        j = po[pool, HBASE] + ob[o, HPOS]
+        heap[j, HK1] = priority(evict_code, ob[o, CNT], fo[o, SCORE], ob[o, NREQ])
+        heap[j, HK2] = tick
+        heap_fix(ob, po, heap, pool, ob[o, HPOS])
 
 
 @njit(_nrt=False)
@@ -170,7 +170,7 @@ def _reset(structure, evict_code, pinned, warm_objs, ram_warm, pool_of_layer, E,
 
 @njit(cache=True, _nrt=False)
 def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
-           evict_code, structure, move_on_access, miss_code, theta, beta,
+           evict_code, structure, move_on_access, uses_score, uses_next, miss_code, theta, beta,
            pool_of_layer, pinned, warm_objs, ram_warm, cost, half_life, warmup_tokens, reset_per_seq,
            ob, fo, po, heap, queue, queue_t, qhl, sc,
            layer_counts, layer_mass, tok_counts, tok_mass, tok_seconds, tok_stall):
@@ -179,6 +179,8 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
     (every token). sel entries < 0 are padding (batched routing). w: the weights the
     miss policy reads; wm: the gate mass a substitution or drop loses.
     cost: seconds per operation (S_* columns; all zero for a replay without a clock).
+    uses_score / uses_next: the eviction's priority reads the request score / the next
+    request, so the kernel keeps it up to date.
     ob/fo/po/heap/queue/queue_t/qhl/sc: state and scratch (structures.new_state)."""
     T, L, k = sel.shape
     M = cand.shape[2]
@@ -188,6 +190,12 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
     for o in range(n_obj):
         ob[o, NREQ] = first_tick[o]
         ob[o, MARK] = -1
+    # hoisted: array loads inside the loop could not be, stores to other arrays may alias them
+    s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
+    s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
+    s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
+    s_copy_ram, s_copy_nvme = cost[S_COPY_RAM], cost[S_COPY_NVME]
+    substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
     decay_base = 0
     inc = 1.0
     now = 0.0        # simulated seconds
@@ -205,7 +213,8 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                 for o in range(n_obj):
                     fo[o, SCORE] /= inc
                     if ob[o, HPOS] >= 0:  # heap order is unchanged by a common factor
-                        fo[o, KEY1] = priority(evict_code, ob[o, CNT], fo[o, SCORE], ob[o, NREQ])
+                        j = po[pool_of_layer[o // E], HBASE] + ob[o, HPOS]
+                        heap[j, HK1] = priority(evict_code, ob[o, CNT], fo[o, SCORE], ob[o, NREQ])
                 decay_base = t
                 inc = 1.0
 
@@ -216,7 +225,7 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
             for c in range(N_COUNTERS):
                 sc[c] = 0
             smass = 0.0
-            now += cost[S_DENSE_LAYER]
+            now += s_dense_layer
             # background copies of this layer's experts that have completed are admitted first
             i = 0
             while qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
@@ -229,25 +238,30 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                     if _admit(structure, evict_code, pool, o, step * (E + k) + i, ob, fo, po, heap) >= 0:
                         sc[EVICTIONS] += 1
                     i += 1
-            for r in range(k):
-                if sel[t, l, r] >= 0:
-                    ob[base + sel[t, l, r], MARK] = step
+            if substitutes:  # a substitute may not be one of the step's selected experts
+                for r in range(k):
+                    if sel[t, l, r] >= 0:
+                        ob[base + sel[t, l, r], MARK] = step
+            n_req = 0
+            n_hit = 0
 
             for r in range(k):
                 if sel[t, l, r] < 0:
                     continue
                 o = base + sel[t, l, r]
                 tick = step * (E + k) + E + r
-                ob[o, NREQ] = next_tick[t, l, r]
-                fo[o, SCORE] += inc
-                sc[REQUESTS] += 1
+                if uses_next:
+                    ob[o, NREQ] = next_tick[t, l, r]
+                if uses_score:
+                    fo[o, SCORE] += inc
+                n_req += 1
                 if ob[o, RES] != 0:
-                    sc[HITS] += 1
-                    ob[o, CNT] += 1
+                    n_hit += 1
+                    if structure == HEAP:
+                        ob[o, CNT] += 1
                     _touch(structure, move_on_access, evict_code, pool, o, tick, ob, fo, po, heap)
-                    now += cost[S_EXPERT_VRAM]
+                    now += s_vram
                     continue
-                sc[MISSES] += 1
                 wr = w[t, l, r]
                 action = miss.decide(miss_code, r, wr, theta)
                 if action == miss.FETCH:
@@ -256,10 +270,10 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                     stall += start - now
                     if _from_nvme(o, ram, ob, po):
                         sc[FETCHES_NVME] += 1
-                        link_free = start + cost[S_FETCH_NVME]
+                        link_free = start + s_fetch_nvme
                     else:
-                        link_free = start + cost[S_FETCH_RAM]
-                    now = link_free + cost[S_EXPERT_VRAM]
+                        link_free = start + s_fetch_ram
+                    now = link_free + s_vram
                     if structure != NONE:  # static never admits
                         if _admit(structure, evict_code, pool, o, tick, ob, fo, po, heap) >= 0:
                             sc[EVICTIONS] += 1
@@ -268,9 +282,9 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                     sc[CPU] += 1
                     if _from_nvme(o, ram, ob, po):
                         sc[CPU_NVME] += 1
-                        now += cost[S_CPU_NVME]
+                        now += s_cpu_nvme
                     else:
-                        now += cost[S_CPU_RAM]
+                        now += s_cpu_ram
                     continue
                 # substituted or dropped: the step loses this expert's gate weight
                 sub = -1
@@ -284,7 +298,7 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                     ob[sub, MARK] = step
                     sc[SUBSTITUTIONS] += 1
                     _touch(structure, move_on_access, evict_code, pool, sub, tick, ob, fo, po, heap)
-                    now += cost[S_EXPERT_VRAM]
+                    now += s_vram
                 else:
                     sc[DROPS] += 1
                 smass += wm[t, l, r]
@@ -299,15 +313,18 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                         sc[COPIES] += 1
                         if _from_nvme(o, ram, ob, po):
                             sc[COPIES_NVME] += 1
-                            link_free = start + cost[S_COPY_NVME]
+                            link_free = start + s_copy_nvme
                         else:
-                            link_free = start + cost[S_COPY_RAM]
+                            link_free = start + s_copy_ram
                         ob[o, QUEUED] = 1
                         q = (qhl[l, 0] + qhl[l, 1]) % E
                         queue[l, q] = o
                         queue_t[l, q] = link_free
                         qhl[l, 1] += 1
 
+            sc[REQUESTS] = n_req
+            sc[HITS] = n_hit
+            sc[MISSES] = n_req - n_hit
             for c in range(N_COUNTERS):
                 tok_counts[t, c] += sc[c]
             tok_mass[t] += smass

@@ -5,16 +5,18 @@ global cache. Packing the per-object fields into one row (a cache line) keeps
 memory traffic low, and lets the hot-loop helpers take four arrays instead of
 twenty: numba passes every array as ~7-9 machine words per call.
 
-- ``ob`` int64 [objects, 12]: list links, heap position, LFU count, last-use tick,
-  next-request tick, step mark, resident flag, copy-queued flag, and the host-RAM
-  tier's list links and resident flag;
-- ``fo`` float64 [objects, 3]: heap priority, decayed request score, admission accumulator;
+- ``ob`` int64 [objects, 11]: list links, heap position, LFU count, next-request
+  tick, step mark, resident flag, copy-queued flag, and the host-RAM tier's list
+  links and resident flag;
+- ``fo`` float64 [objects, 2]: decayed request score, admission accumulator;
 - ``po`` int64 [pools + 1, 6]: list head/tail, heap size/base, occupancy, capacity;
   the last row is the host-RAM tier (an LRU list over all layers);
-- ``heap`` int64 [sum of capacities]: each pool's min-heap on (priority, last-use tick).
+- ``heap`` float64 [sum of capacities, 3]: each pool's min-heap of (priority, last-use
+  tick, object) rows, keys stored in the heap itself so that sifting reads
+  contiguous memory (ticks and ids are exact in a float64 below 2^53).
 
 The list keeps the most recent object at the head and evicts at the tail; the
-heap's root is the next victim. These helpers are inlined into the kernel's
+heap (4-ary) has the next victim at its root. These helpers are inlined into the kernel's
 NRT-free functions (simulator/kernel.py).
 """
 
@@ -22,11 +24,13 @@ import numpy as np
 from numba import njit
 
 # ob columns
-PRV, NXT, HPOS, CNT, KEY2, NREQ, MARK, RES, QUEUED, RPRV, RNXT, RRES = range(12)
-N_OB = 12
+PRV, NXT, HPOS, CNT, NREQ, MARK, RES, QUEUED, RPRV, RNXT, RRES = range(11)
+N_OB = 11
 # fo columns
-KEY1, SCORE, ACC = range(3)
-N_FO = 3
+SCORE, ACC = range(2)
+N_FO = 2
+# heap columns
+HK1, HK2, HOBJ = range(3)
 # po columns
 HEAD, TAIL, HSIZE, HBASE, SIZE, CAP = range(6)
 N_PO = 6
@@ -46,7 +50,7 @@ def new_state(pool_cap: np.ndarray, L: int, E: int, k: int, ram_cap: int = -1):
     po[:n_pools, CAP] = pool_cap
     po[1:n_pools, HBASE] = np.cumsum(pool_cap)[:-1]
     po[n_pools, CAP] = ram_cap
-    heap = np.zeros(max(1, int(pool_cap.sum())), np.int64)
+    heap = np.zeros((max(1, int(pool_cap.sum())), 3), np.float64)
     queue = np.zeros((L, E), np.int64)
     queue_t = np.zeros((L, E), np.float64)
     qhl = np.zeros((L, 2), np.int64)
@@ -80,45 +84,55 @@ def list_unlink(ob, po, pool, o, prv=PRV, nxt=NXT):
 
 
 @njit(inline="always")
-def _less(ob, fo, a, b):
-    ka = fo[a, KEY1]
-    kb = fo[b, KEY1]
-    return ka < kb or (ka == kb and ob[a, KEY2] < ob[b, KEY2])
+def _before(a1, a2, b1, b2):
+    """Is key (a1, a2) ordered before key (b1, b2)?"""
+    return a1 < b1 or (a1 == b1 and a2 < b2)
 
 
 @njit(inline="always")
-def heap_fix(ob, fo, po, heap, pool, i):
-    """Restore heap order around position i after its object's key changed or it was placed there."""
+def _move(heap, ob, src, dst, base):
+    heap[dst, HK1] = heap[src, HK1]
+    heap[dst, HK2] = heap[src, HK2]
+    heap[dst, HOBJ] = heap[src, HOBJ]
+    ob[np.int64(heap[dst, HOBJ]), HPOS] = dst - base
+
+
+ARITY = 4  # a 4-ary heap: half the levels of a binary one, and the common sift-up reads one parent a level
+
+
+@njit(inline="always")
+def heap_fix(ob, po, heap, pool, i):
+    """Restore heap order around row base + i after its keys changed or it was placed
+    there: the row is lifted out and its hole moves up or down until it fits."""
     base = po[pool, HBASE]
-    size = po[pool, HSIZE]
-    o = heap[base + i]
-    moved = False
-    while i > 0:
-        p = (i - 1) >> 1
-        po_ = heap[base + p]
-        if _less(ob, fo, o, po_):
-            heap[base + i] = po_
-            ob[po_, HPOS] = i
-            i = p
-            moved = True
+    end = base + po[pool, HSIZE]
+    j = base + i
+    k1 = heap[j, HK1]
+    k2 = heap[j, HK2]
+    o = heap[j, HOBJ]
+    start = j
+    while j > base:
+        p = base + (j - base - 1) // ARITY
+        if _before(k1, k2, heap[p, HK1], heap[p, HK2]):
+            _move(heap, ob, p, j, base)
+            j = p
         else:
             break
-    if not moved:
+    if j == start:
         while True:
-            c = 2 * i + 1
-            if c >= size:
+            first = base + ARITY * (j - base) + 1
+            if first >= end:
                 break
-            co = heap[base + c]
-            if c + 1 < size:
-                c2 = heap[base + c + 1]
-                if _less(ob, fo, c2, co):
-                    c += 1
-                    co = c2
-            if _less(ob, fo, co, o):
-                heap[base + i] = co
-                ob[co, HPOS] = i
-                i = c
+            c = first
+            for x in range(first + 1, min(first + ARITY, end)):
+                if _before(heap[x, HK1], heap[x, HK2], heap[c, HK1], heap[c, HK2]):
+                    c = x
+            if _before(heap[c, HK1], heap[c, HK2], k1, k2):
+                _move(heap, ob, c, j, base)
+                j = c
             else:
                 break
-    heap[base + i] = o
-    ob[o, HPOS] = i
+    heap[j, HK1] = k1
+    heap[j, HK2] = k2
+    heap[j, HOBJ] = o
+    ob[np.int64(o), HPOS] = j - base
