@@ -176,31 +176,8 @@ class TraceFile:
         the metadata's MoE layers, every token has each of them exactly once, and the
         rows of one token agree on its phase, domain and token id."""
         meta = self.meta
-        L = meta.n_layers
-        lut_size = max(max(meta.moe_layers), int(keys.layer.max(initial=0))) + 1
-        lut = np.full(lut_size, -1, dtype=np.int64)
-        lut[list(meta.moe_layers)] = np.arange(L)
-        bad = (keys.layer < 0) | (lut[np.clip(keys.layer, 0, lut_size - 1)] < 0)
-        if bad.any():
-            raise MoesimError(f"{self.path}: layer {int(keys.layer[bad][0])} is not one of the MoE layers the "
-                              f"metadata lists ({_layers(meta.moe_layers)})")
-        ordinal = lut[keys.layer]
-        token_key = (keys.seq << 32) | keys.pos
-        uniq, inverse = np.unique(token_key, return_inverse=True)
-        T = len(uniq)
-        target = inverse * L + ordinal
-        counts = np.bincount(target, minlength=T * L)
         what = "request" if meta.layout == "counts" else "token"
-        if (counts > 1).any():
-            slot = int(np.argmax(counts > 1))
-            s, p = divmod(int(uniq[slot // L]), 1 << 32)
-            raise MoesimError(f"{self.path}: duplicate rows for (seq={s}, pos={p}, layer={meta.moe_layers[slot % L]})")
-        if (counts == 0).any():
-            slot = int(np.argmax(counts == 0))
-            s, p = divmod(int(uniq[slot // L]), 1 << 32)
-            missing = int(((counts.reshape(T, L) == 0).sum(axis=1) > 0).sum())
-            raise MoesimError(f"{self.path}: {what} (seq={s}, pos={p}) lacks layer {meta.moe_layers[slot % L]} "
-                              f"({missing} {what}(s) miss some MoE layers)")
+        target, inverse, T = slot_index(keys.seq, keys.pos, keys.layer, meta.moe_layers, str(self.path), what)
         tok_rows = np.empty(T, dtype=np.int64)
         tok_rows[inverse] = np.arange(len(inverse))
         for name, values in (("phase", keys.phase), ("domain", keys.domain), ("token", keys.token)):
@@ -212,6 +189,37 @@ class TraceFile:
 
 
 _I32 = 2**31 - 1
+
+
+def slot_index(seq: np.ndarray, pos: np.ndarray, layer: np.ndarray, moe_layers, where: str,
+               what: str = "token") -> tuple[np.ndarray, np.ndarray, int]:
+    """Map rows to slots token * L + layer ordinal (tokens ordered by (seq, pos)) and check
+    that every layer is one of ``moe_layers`` and every token has each exactly once.
+    Returns (slot per row, token per row, number of tokens)."""
+    L = len(moe_layers)
+    lut_size = max(max(moe_layers), int(layer.max(initial=0))) + 1
+    lut = np.full(lut_size, -1, dtype=np.int64)
+    lut[list(moe_layers)] = np.arange(L)
+    bad = (layer < 0) | (lut[np.clip(layer, 0, lut_size - 1)] < 0)
+    if bad.any():
+        raise MoesimError(f"{where}: layer {int(layer[bad][0])} is not one of the MoE layers the metadata "
+                          f"lists ({_layers(moe_layers)})")
+    token_key = (seq.astype(np.int64) << 32) | pos.astype(np.int64)
+    uniq, inverse = np.unique(token_key, return_inverse=True)
+    T = len(uniq)
+    target = inverse * L + lut[layer]
+    counts = np.bincount(target, minlength=T * L)
+    if (counts > 1).any():
+        slot = int(np.argmax(counts > 1))
+        s, p = divmod(int(uniq[slot // L]), 1 << 32)
+        raise MoesimError(f"{where}: duplicate rows for (seq={s}, pos={p}, layer={moe_layers[slot % L]})")
+    if (counts == 0).any():
+        slot = int(np.argmax(counts == 0))
+        s, p = divmod(int(uniq[slot // L]), 1 << 32)
+        missing = int(((counts.reshape(T, L) == 0).sum(axis=1) > 0).sum())
+        raise MoesimError(f"{where}: {what} (seq={s}, pos={p}) lacks layer {moe_layers[slot % L]} "
+                          f"({missing} {what}(s) miss some MoE layers)")
+    return target, inverse, T
 
 
 def _layers(layers) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 from moesim import __version__
 from moesim.errors import MoesimError
 from moesim.traces.meta import PHASES, TraceMeta
+from moesim.traces.reader import slot_index
 from moesim.traces.writer import DEFAULT_ROW_GROUP, TraceWriter
 
 
@@ -43,31 +44,11 @@ def tracer_info(name: str) -> dict:
 
 def check_keys(seq: np.ndarray, pos: np.ndarray, layer: np.ndarray, moe_layers, where: str) -> int:
     """Every (seq, pos) has each MoE layer exactly once. Returns the number of tokens."""
-    L = len(moe_layers)
     if len(seq) == 0:
         raise MoesimError(f"{where}: no routing rows found")
-    moe = np.asarray(moe_layers, dtype=np.int64)
-    lut = np.full(max(int(moe.max()), int(layer.max())) + 1, -1, dtype=np.int64)
-    lut[moe] = np.arange(L)
-    bad = (layer < 0) | (lut[np.maximum(layer, 0)] < 0)
-    if bad.any():
-        raise MoesimError(f"{where}: layer {int(layer[bad][0])} is not one of the MoE layers ({_span(moe_layers)})")
-    layer_ord = lut[layer]
     if (seq < 0).any() or (pos < 0).any() or (seq >= 2**31).any() or (pos >= 2**31).any():
         raise MoesimError(f"{where}: seq and pos must be non-negative 32-bit integers")
-    key = (seq.astype(np.int64) << 32) | pos.astype(np.int64)
-    uniq, inverse = np.unique(key, return_inverse=True)
-    slots = np.bincount(inverse * L + layer_ord, minlength=len(uniq) * L)
-    if (slots > 1).any():
-        i = int(np.argmax(slots > 1))
-        s, p = divmod(int(uniq[i // L]), 1 << 32)
-        raise MoesimError(f"{where}: more than one row for (seq={s}, pos={p}, layer={moe_layers[i % L]})")
-    if (slots == 0).any():
-        i = int(np.argmax(slots == 0))
-        s, p = divmod(int(uniq[i // L]), 1 << 32)
-        raise MoesimError(f"{where}: token (seq={s}, pos={p}) has no row for layer {moe_layers[i % L]} "
-                          "(every token needs every MoE layer)")
-    return len(uniq)
+    return slot_index(seq, pos, layer, tuple(moe_layers), where)[2]
 
 
 def check_topk_ids(ids: np.ndarray, E: int, where: str) -> None:
