@@ -41,7 +41,11 @@ def request_counts(routing: Routing, n_tokens: int | None = None) -> np.ndarray:
     """Router requests per (layer, expert) over the first n_tokens (default all), shape [L, E]."""
     a = arrays(routing)
     T = routing.n_tokens if n_tokens is None else min(int(n_tokens), routing.n_tokens)
-    return kernel.request_counts(a["sel"], routing.n_experts, T).reshape(routing.n_layers, routing.n_experts)
+    key = ("request_counts", T)  # every config of a sweep asks for the whole trace's counts
+    if key not in routing._cache:
+        counts = kernel.request_counts(a["sel"], routing.n_experts, T)
+        routing._cache[key] = counts.reshape(routing.n_layers, routing.n_experts)
+    return routing._cache[key]
 
 
 def _pools(config: SimConfig, L: int, slots: int) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,13 @@ MODEL_ID = click.option("--model-id", default=None, help="Model id in the metada
 OUT = click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace (.parquet).")
 
 
+def _source_options(f):
+    """The options both tracers share: texts, domains, sequence length, token cap, layout."""
+    for opt in reversed((TEXTS, DOMAINS, SEQ_LEN, MAX_TOKENS, CANDIDATES, DENSE)):
+        f = opt(f)
+    return f
+
+
 class _Progress:
     """A progress bar on a terminal, opened at the first report (when the token count is
     known); silent otherwise (logs, CI, pipes). Called as ``progress(done, total)``."""
@@ -71,12 +78,7 @@ def command():
 
 @command.command("hf")
 @click.argument("model_dir", type=click.Path(file_okay=False))
-@TEXTS
-@DOMAINS
-@SEQ_LEN
-@MAX_TOKENS
-@CANDIDATES
-@DENSE
+@_source_options
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="Weights dtype (auto: as stored in the checkpoint).")
 @click.option("--device", default=None, help="torch device, e.g. cpu or cuda:0 (default: cuda when available).")
@@ -100,12 +102,7 @@ def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype,
 
 @command.command("llama")
 @click.argument("gguf", type=click.Path(dir_okay=False))
-@TEXTS
-@DOMAINS
-@SEQ_LEN
-@MAX_TOKENS
-@CANDIDATES
-@DENSE
+@_source_options
 @click.option("--n-batch", type=int, default=512, show_default=True,
               help="llama.cpp logical batch size (a sequence longer than this runs in several micro-batches).")
 @click.option("--threads", type=int, default=None, help="CPU threads for llama.cpp (default: its own choice).")
