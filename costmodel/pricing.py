@@ -8,8 +8,8 @@ from moesim.costmodel.timing import CostParams, cost_params
 from moesim.errors import MoesimError
 
 
-def cost_for_trace(meta, hw: str | None = None, model: str | None = None, quant: str | None = None,
-                   context: int = 0) -> tuple[CostParams | None, str]:
+def cost_for_trace(meta, hw: str | None = None, model: str | None = None,
+                   quant: str | None = None) -> tuple[CostParams | None, str]:
     """Cost parameters for a trace: ``model`` (a preset name or TOML path) or the preset
     matching the trace's model id; ``quant`` or the model's native format; ``hw`` or the
     default machine. Returns (None, why) when no model preset fits the trace."""
@@ -21,5 +21,5 @@ def cost_for_trace(meta, hw: str | None = None, model: str | None = None, quant:
         raise MoesimError(f"model preset {m.name} ({len(m.moe_layers)} MoE layers x {m.n_experts} experts, "
                           f"top-{m.top_k}) does not match the trace ({meta.n_layers} x {meta.n_experts}, "
                           f"top-{meta.top_k})")
-    p = cost_params(m, quant, hw or DEFAULT_HARDWARE, context=context)
+    p = cost_params(m, quant, hw or DEFAULT_HARDWARE)
     return p, f"{p.model} {p.quant} on {p.hw}"
