@@ -41,7 +41,7 @@ def test_two_requests_two_forms(tmp_path):
     m = r.meta
     assert (m.model_id, m.family, m.n_experts, m.top_k, m.moe_layers) == ("Qwen/Qwen1.5-MoE-A2.7B", "qwen2_moe",
                                                                           60, 4, (0, 1))
-    assert m.norm_topk_prob is False and m.synthetic is False and "uniform" in m.source["weights"]
+    assert m.norm_topk_prob is False and m.synthetic is False and "exactly 1/k" in m.source["weights"]
     assert res.tokens == 5 + 3 and res.sequences == 2 and res.phases == {"decode": 3, "prefill": 5}
     for s, path in enumerate((REQ0, REQ1)):
         exp = expected(path)
@@ -54,7 +54,7 @@ def test_two_requests_two_forms(tmp_path):
                 assert r.phase[t] == (0 if i < n_prefill else 1)
                 # no weights in the source: 1/k each, the file's order kept (its first id = rank 0)
                 assert r.sel[t, l].tolist() == steps[i]
-    np.testing.assert_allclose(r.w, 0.25, atol=1e-5)
+    assert (r.w == 0.25).all() and m.tie_order == "stored"  # exactly 1/k, no rank offsets
 
 
 def test_cli(tmp_path):
@@ -65,7 +65,7 @@ def test_cli(tmp_path):
 
 BAD = {
     "not json": ("{oops", "not valid JSON"),
-    "wrong k": ('{"0": [[[1, 2, 3]], [4, 5, 6, 7]]}', "entry 0 has 3 expert ids, expected top-k=4"),
+    "wrong k": ('{"0": [[[1, 2, 3]], [4, 5, 6, 7]]}', "entry 0 has 4 expert ids, expected top-k=3"),
     "id out of range": ('{"0": [[[1, 2, 3, 60]], [4, 5, 6, 7]]}', "expert id 60 is outside 0..59"),
     "repeated id": ('{"0": [[[1, 1, 3, 4]]]}', "appears twice"),
     "layers disagree": ('{"0": [[[1, 2, 3, 4]], [4, 5, 6, 7]], "1": [[[1, 2, 3, 4]]]}',
