@@ -16,8 +16,8 @@ OLMOE = "allenai/OLMoE-1B-7B-0924"  # preset olmoe-1b-7b: 16 MoE layers, top-8 o
 
 
 def meta(**kw):
-    base = dict(model_id=OLMOE, family="olmoe", n_experts=64, top_k=8, moe_layers=tuple(range(16)),
-                n_candidates=8)
+    base = {"model_id": OLMOE, "family": "olmoe", "n_experts": 64, "top_k": 8, "moe_layers": tuple(range(16)),
+            "n_candidates": 8}
     return TraceMeta(**{**base, **kw})
 
 

@@ -135,8 +135,8 @@ PASS_BAD = {
                       "forward pass 1 has different layers from pass 0 \\(layer 1"),
     "prompt not a multiple of k": ('{"0": {"0": [1, 2, 3, 4, 5]}, "1": {"0": [1, 2, 3, 4]}}',
                                    "the prompt pass holds 5 ids, not a positive multiple of top-k=4"),
-    "prompt lengths differ": ('{"0": {"0": [1, 2, 3, 4], "1": [1, 2, 3, 4, 5, 6, 7, 8]}, '
-                              '"1": {"0": [1, 2, 3, 4], "1": [1, 2, 3, 4]}}', "2 prompt tokens, but layer 0 has 1"),
+    "prompt lengths differ": (('{"0": {"0": [1, 2, 3, 4], "1": [1, 2, 3, 4, 5, 6, 7, 8]}, '
+                               '"1": {"0": [1, 2, 3, 4], "1": [1, 2, 3, 4]}}'), "2 prompt tokens, but layer 0 has 1"),
     "string id": ('{"0": {"0": [1, 2, 3, "4"]}, "1": {"0": [1, 2, 3, 4]}}', "'4' is not an integer expert id"),
     "deeply nested": ('{"0": ' + "[" * 100000 + "]" * 100000 + "}", "JSON nested too deeply"),
     "id out of range": ('{"0": {"0": [1, 2, 3, 60]}, "1": {"0": [1, 2, 3, 4]}}', "expert id 60 is outside 0..59"),

@@ -161,6 +161,8 @@ class TraceMeta:
     def from_json(cls, text: str | bytes) -> TraceMeta:
         try:
             doc = json.loads(text)
+        except RecursionError:
+            raise MoesimError("trace metadata is JSON nested too deeply") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise MoesimError(f"trace metadata is not valid JSON ({exc})") from None
         if not isinstance(doc, dict):

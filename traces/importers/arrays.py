@@ -42,9 +42,9 @@ def import_array(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
     ids, weights, seq = arrays["ids"], arrays.get("weights"), arrays.get("seq")
     if ids.ndim != 3 or 0 in ids.shape:
         raise MoesimError(f"{path}: expected selected ids of shape [tokens, layers, k], got {ids.shape}")
-    if ids.dtype.kind not in "iu":
-        if ids.dtype.kind != "f" or not np.isfinite(ids).all() or (ids != np.round(ids)).any():
-            raise MoesimError(f"{path}: selected ids must be integers, got dtype {ids.dtype}")
+    if ids.dtype.kind not in "iu" and (ids.dtype.kind != "f" or not np.isfinite(ids).all()
+                                       or (ids != np.round(ids)).any()):
+        raise MoesimError(f"{path}: selected ids must be integers, got dtype {ids.dtype}")
     T, L, k = ids.shape
     if weights is not None:
         if weights.shape != ids.shape:
