@@ -159,6 +159,9 @@ BAD = {
     "repeated id": (['{"seq": 0, "pos": 0, "layer": 0, "experts": [3, 3]}'], [], r"appears twice"),
     "negative weight": (['{"seq": 0, "pos": 0, "layer": 0, "experts": [1, 2], "weights": [0.5, -1]}'], [],
                         r"gate weights must be finite, >= 0"),
+    "NaN weight": ([GOOD.replace("}", ', "weights": [0.5, 0.5]}')] * 130
+                   + ['{"seq": 0, "pos": 7, "layer": 0, "experts": [1, 2], "weights": [NaN, 0.5]}'], [],
+                   r"record 131: weights holds NaN or infinite values"),
     "weights mismatch": (['{"seq": 0, "pos": 0, "layer": 0, "experts": [1, 2], "weights": [1, 2, 3]}'], [],
                          r"does not hold one weight per expert id"),
     "duplicate step": ([GOOD, GOOD], [], r"appears twice|twice"),

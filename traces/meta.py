@@ -155,7 +155,11 @@ class TraceMeta:
             raise MoesimError(f"routed_scaling_factor must be a finite number, got {rsf!r}")
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        doc = dataclasses.asdict(self)
+        if doc["tie_order"] == "lower_id":
+            # the default is left out, so traces written without the field stay byte for byte the same
+            del doc["tie_order"]
+        return json.dumps(doc, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> TraceMeta:

@@ -15,6 +15,7 @@ so a log of millions of records never becomes millions of Python dicts.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -381,7 +382,7 @@ def _stream(path: Path, kind: _Kind, buf: _Buffers) -> int:
         for batch in reader:
             skipped += _take(batch, kind, buf, path, record, file_layer)
             record += batch.num_rows
-    except pa.ArrowInvalid as exc:
+    except pa.ArrowException as exc:
         raise MoesimError(_locate(path, kind) or f"{path}: cannot read it as JSON Lines "
                           f"({' '.join(str(exc).split())[:160]})") from None
     except OSError as exc:
@@ -572,13 +573,13 @@ def _locate(path: Path, kind: _Kind) -> str | None:
     return None
 
 
-_SHAPE_WORDS = {"int": "an integer", "str": "a string", "list": "a list of numbers",
-                "nested": "a list of per-token lists of numbers"}
+_SHAPE_WORDS = {"int": "an integer", "str": "a string", "list": "a list of finite numbers",
+                "nested": "a list of per-token lists of finite numbers"}
 
 
 def _shape_ok(v, t: str) -> bool:
     def num(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
+        return isinstance(x, int) and not isinstance(x, bool) or isinstance(x, float) and math.isfinite(x)
 
     if t == "int":
         return isinstance(v, int) and not isinstance(v, bool)
