@@ -254,7 +254,8 @@ def _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say):
             figures.append(cs.pareto_chart(rows, synthetic=synthetic, priced_as=sweep.priced_as))
             figures.append(cs.speedup_chart(rows, synthetic=synthetic, priced_as=sweep.priced_as))
         else:
-            notes.append("the sweep is not priced (no model preset for the trace): no time or speed-up charts")
+            why = str(rows["priced_as"][0]) if "priced_as" in rows.columns else "no model preset for the trace"
+            notes.append(f"the sweep is not priced ({why}): no time or speed-up charts")
         if sweep.layers is not None:
             figures.append(cs.layer_heatmap(rows, sweep.layers, synthetic=synthetic))
         tables.append(pt.policy_table(rows, model=sweep.model, synthetic=synthetic, priced_as=sweep.priced_as))

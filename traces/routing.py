@@ -162,6 +162,7 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
     dense = meta.layout == "dense"
     bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
+    stored = meta.tie_order == "stored"
     cols = (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
     start = 0
     for batch in tf.iter_batches(cols):
@@ -170,7 +171,7 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
         ids, vals = _scores(batch, meta, tf.path)
         bias_rows = bias[layer_ord[rows][:, None], ids] if bias is not None else None
         score = gating.selection_scores(vals, meta.gating, bias_rows)
-        order = gating.rank_order(ids, score, ids_sorted=dense)
+        order = gating.rank_order(ids, score, ids_sorted=dense or stored)
         ranked_ids = np.take_along_axis(ids, order, axis=1)
         if has_sel:
             s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
@@ -200,7 +201,7 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
                 s = ranked_ids[:, :k]
                 sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
             ww = gating.gate_weights(sel_logits, meta.gating)
-        s_ord, w_ord = gating.order_selected(s, ww)
+        s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
         yield rows, ranked_ids, s_ord, w_ord
         start += n
 

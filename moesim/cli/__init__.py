@@ -63,6 +63,9 @@ class MoesimGroup(click.Group):
             _fail(" ".join(exc.format_message().split()) + hint, 2)
         except click.ClickException as exc:
             _fail(" ".join(exc.format_message().split()), exc.exit_code)
+        except RecursionError:
+            # a parser that recursed on absurdly nested input; the importers catch their own
+            _fail("input nested too deeply to read", 2)
         except (click.Abort, KeyboardInterrupt):
             _fail("interrupted", 130)
         except BrokenPipeError:
