@@ -122,7 +122,8 @@ def _attn_flops_per_ctx_token(m: ModelPreset) -> float:
     a = m.attention
     kind = a.get("kind", "gqa")
     if kind == "mla":
-        per_layer = 2 * a["n_heads"] * (a["qk_nope_head_dim"] + a["qk_rope_head_dim"]) + 2 * a["n_heads"] * a["v_head_dim"]
+        per_layer = (2 * a["n_heads"] * (a["qk_nope_head_dim"] + a["qk_rope_head_dim"])
+                     + 2 * a["n_heads"] * a["v_head_dim"])
         return per_layer * m.n_layers
     n_full = sum(1 for i in range(m.n_layers) if m._is_full_attention(i))
     return 4.0 * a["n_heads"] * a["head_dim"] * n_full

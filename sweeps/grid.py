@@ -23,6 +23,7 @@ import math
 import os
 import tomllib
 from dataclasses import dataclass, field
+from typing import Any
 
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
@@ -80,7 +81,7 @@ class Grid:
 
     def override(self, **axes) -> Grid:
         """Command-line flags replace whole axes (None or an empty tuple: keep the file's)."""
-        changes = {}
+        changes: dict[str, Any] = {}
         for name, value in axes.items():
             if value is None or (isinstance(value, (list, tuple)) and not value):
                 continue
@@ -268,7 +269,7 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
     """A grid from the keys of a sweep TOML file, as a dict."""
     grid = Grid()
     known = sorted(set(_AXIS_KEYS) | set(_SCALAR_KEYS))
-    changes = {}
+    changes: dict[str, Any] = {}
     for key, value in doc.items():
         if key in _AXIS_KEYS:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)

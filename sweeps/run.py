@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from moesim.costmodel.pricing import cost_for_trace
 from moesim.errors import MoesimError
@@ -33,8 +34,8 @@ from moesim.sweeps.store import ResultStore, layers_path
 
 @dataclass
 class SweepOutcome:
-    rows: object                 # polars DataFrame: this sweep's rows, ranked within groups
-    layers: object               # polars DataFrame: their per-layer rows
+    rows: Any                    # polars DataFrame: this sweep's rows, ranked within groups
+    layers: Any                  # polars DataFrame: their per-layer rows
     computed: int
     reused: int
     notes: list[str] = field(default_factory=list)
@@ -155,7 +156,9 @@ def plan(entries: list[TraceEntry], grid: Grid):
     """(tasks, costs, cost_info, notes): every (trace, config, cost) of the sweep, deduplicated."""
     planned = expand(grid)
     E = {ti: e.meta.n_experts for ti, e in enumerate(entries)}
-    costs, cost_info, notes = [], [], []
+    costs: list[Any] = []
+    cost_info: list[tuple] = []
+    notes: list[str] = []
     cost_index: dict[tuple, int] = {}
     tasks: dict[str, Task] = {}
     for ti, entry in enumerate(entries):

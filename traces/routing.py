@@ -301,6 +301,7 @@ def _scores(batch: pa.RecordBatch, meta: TraceMeta, path: Path) -> tuple[np.ndar
     if not np.isfinite(vals).all():
         raise MoesimError(f"{path}: column {name} holds NaN or infinite scores")
     if meta.layout == "sparse":
+        assert lse_np is not None  # read and checked above
         # The log-sum-exp over all E logits is at least the largest of them (float32 slack).
         top = vals.max(axis=1)
         low = lse_np < top - 1e-4 * np.maximum(1.0, np.abs(top))

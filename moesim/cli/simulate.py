@@ -110,7 +110,8 @@ def render(doc: dict) -> list[str]:
         f"requests    {t['requests']:,} over {doc['counted_tokens']:,} tokens",
         f"hit rate    {100 * t['hit_rate']:.2f}%   misses {t['misses']:,} = fetches {t['fetches']:,} + "
         f"substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}",
-        f"substituted {100 * t['substitution_rate']:.2f}% of requests, first choices {t['first_choice_substitutions']:,}"
+        f"substituted {100 * t['substitution_rate']:.2f}% of requests, "
+        f"first choices {t['first_choice_substitutions']:,}"
         f", mass per step {t['mass_per_step']:.4f}",
         f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
     ]
@@ -118,7 +119,8 @@ def render(doc: dict) -> list[str]:
         tm = doc["timing"]
         by = tm["bytes_per_token"]
         lines += [
-            f"time        {1e3 * tm['s_per_token']:.2f} ms/token ({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
+            f"time        {1e3 * tm['s_per_token']:.2f} ms/token "
+            f"({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
             f"{_times(doc['speedup_vs_fetch_all'])} fetch-all; {doc['priced_as']}",
             f"moved/token link {by['link_sync'] / 1e6:.1f} MB sync + {by['link_background'] / 1e6:.1f} MB background, "
             f"NVMe {by['nvme'] / 1e6:.1f} MB, CPU {by['cpu'] / 1e6:.1f} MB",

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
+from moesim.cli.output import Progress
 from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
 from moesim.policies import miss as miss_policies
 from moesim.policies import registry
@@ -13,29 +12,6 @@ from moesim.policies import registry
 TABLE_FORMATS = ["table", "json", "csv", "markdown", "latex"]
 FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default="table", show_default=True,
                       help="table: ranked terminal table; json/csv: the result rows; markdown/latex: paper tables.")
-
-
-class Progress:
-    """A progress bar on stderr when it is a terminal; nothing when piped."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.bar = None
-        self.shown = 0
-
-    def __call__(self, done: int, total: int):
-        if not sys.stderr.isatty() or total == 0:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True)
-            self.bar.__enter__()
-        self.bar.update(done - self.shown)
-        self.shown = done
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
 
 
 def print_results(df, fmt: str, top: int | None, header: dict):
@@ -115,12 +91,9 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              allocations=given(allocation), batches=given(batch), warm=warm,
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=given(hw),
                              model=model, quants=given(quant))
-    bar = Progress("sweep")
-    try:
+    with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every)
-    finally:
-        bar.close()
     df = out.rows
     synthetic = bool(df["synthetic"].any()) if df.height else False
     header = {"traces": list(traces), "synthetic": synthetic,
