@@ -55,7 +55,9 @@ _AXIS_KEYS = {
     "hw": "hws",
     "quant": "quants",
 }
-_SCALAR_KEYS = ("model", "warm", "warmup_tokens", "reset_per_sequence")
+_SCALAR_KEYS = ("model", "engine", "warm", "warmup_tokens", "reset_per_sequence")
+# The engine profile each named preset is priced with (others: the grid's engine, default ideal).
+PRESET_ENGINES = {"llama.cpp": "llama.cpp"}
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Grid:
     batches: list[int] = field(default_factory=lambda: [1])
     hws: list[str | None] = field(default_factory=lambda: [None])
     model: str | None = None
+    engine: str | None = None  # engine profile pricing the grid (the llama.cpp preset always uses llama.cpp's)
     quants: list[str | None] = field(default_factory=lambda: [None])
     warm: bool = False
     warmup_tokens: int = 0
@@ -272,10 +275,10 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
     for key, value in doc.items():
         if key in _AXIS_KEYS:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
-        elif key == "model":
+        elif key in ("model", "engine"):
             if not isinstance(value, str):
-                raise MoesimError(f"{path}: model must be a string")
-            changes["model"] = value
+                raise MoesimError(f"{path}: {key} must be a string")
+            changes[key] = value
         elif key in ("warm", "reset_per_sequence"):
             if not isinstance(value, bool):
                 raise MoesimError(f"{path}: {key} must be true or false")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from moesim.errors import MoesimError
 from moesim.simulator.config import SimConfig
-from moesim.simulator.grid import PRESETS, Grid, expand, replay_twin
+from moesim.simulator.grid import PRESET_ENGINES, PRESETS, Grid, expand, replay_twin
 from moesim.simulator.store import ResultStore, layers_path
 
 EXECUTORS = ("local", "ray")
@@ -353,9 +353,10 @@ def plan(entries: list[TraceEntry], grid: Grid):
     for ti, entry in enumerate(entries):
         for p in planned:
             p.config.slots_per_layer(E[ti])
-            pair = (ti, p.hw, p.quant)
+            engine = PRESET_ENGINES.get(preset_names(p.config), grid.engine)
+            pair = (ti, p.hw, p.quant, engine)
             if pair not in cost_index:
-                cost, note = cost_for_trace(entry.meta, p.hw, grid.model, p.quant)
+                cost, note = cost_for_trace(entry.meta, p.hw, grid.model, p.quant, engine=engine)
                 cost_index[pair] = len(costs)
                 costs.append(cost)
                 cost_info.append((note, p.hw, grid.model, p.quant))
