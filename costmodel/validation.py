@@ -83,14 +83,19 @@ def table() -> str:
 
 
 def write(doc: Path) -> None:
-    from moesim.reports.files import atomic_write_text
+    import os
+    import tempfile
 
     text = doc.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{doc}: no {BEGIN!r} ... {END!r} markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    atomic_write_text(doc, head + BEGIN + "\n" + table() + "\n" + END + tail)
+    # atomic (reports/files.py lies downstream of costmodel; it moves to moesim/files.py with "Seams")
+    fd, tmp = tempfile.mkstemp(dir=doc.parent, prefix=f".{doc.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(head + BEGIN + "\n" + table() + "\n" + END + tail)
+    os.replace(tmp, doc)
 
 
 def main(argv=None) -> None:
