@@ -93,6 +93,24 @@ def list_unlink(ob, po, pool, o, q=0, prv=PRV, nxt=NXT):
 
 
 @njit(inline="always")
+def list_move_front(ob, po, pool, o, q=0):
+    """Move o, linked in list q of the pool and not at its head, to the head (its length and list id
+    are unchanged: the hot path of an LRU hit)."""
+    p = ob[o, PRV]
+    n = ob[o, NXT]
+    ob[p, NXT] = n  # o is not the head, so it has a predecessor
+    if n != -1:
+        ob[n, PRV] = p
+    else:
+        po[pool, TAIL + 3 * q] = p
+    h = po[pool, HEAD + 3 * q]
+    ob[o, PRV] = -1
+    ob[o, NXT] = h
+    ob[h, PRV] = o
+    po[pool, HEAD + 3 * q] = o
+
+
+@njit(inline="always")
 def list_clear(po, pool, q):
     po[pool, HEAD + 3 * q] = -1
     po[pool, TAIL + 3 * q] = -1

@@ -16,7 +16,9 @@ from moesim.simulator.batch import batch_routing
 from moesim.simulator.config import SimConfig
 from moesim.simulator.kernel import (
     N_COSTS,
+    N_CLOCK,
     N_COUNTERS,
+    N_SCAL,
     S_COPY_NVME,
     S_COPY_RAM,
     S_CPU_HANDOFF,
@@ -38,9 +40,10 @@ class Steps(NamedTuple):
     w: np.ndarray          # [T, L, k] float32: the weights the miss policy reads
     wm: np.ndarray         # [T, L, k] float32: the gate mass a substitution or drop loses
     cand: np.ndarray       # [T, L, M] int16: scored experts, best first (substitution candidates)
-    next_req: np.ndarray   # [T, L, k] int64: position of the same expert's next request (traces/derived.py)
-    first_req: np.ndarray  # [L * E] int64: each expert's first request position
+    next_req: np.ndarray   # [T, L, k] int64: tick of the same expert's next request (traces/derived.py)
+    first_req: np.ndarray  # [L * E] int64: each expert's first request tick
     tok_seq: np.ndarray    # [T] int32: sequence of each step
+    t0: int                # the index of the first of these steps in the whole replay (chunks of a stream)
 
 
 class Policy(NamedTuple):
@@ -69,13 +72,14 @@ class State(NamedTuple):
     queue: np.ndarray       # int64 [L, E]: per-layer FIFO of background copies (objects) ...
     queue_t: np.ndarray     # float64 [L, E]: ... and their completion times
     queue_hl: np.ndarray    # int64 [L, 2]: queue head and length
-    step_counts: np.ndarray  # int64 [N_COUNTERS]: one step's counters (scratch)
+    clock: np.ndarray       # float64 [kernel.N_CLOCK]: the clock carried between kernel calls
+    scal: np.ndarray        # int64 [kernel.N_SCAL]: the other scalars carried between kernel calls
 
 
 class Out(NamedTuple):
     layer_counts: np.ndarray  # int64 [L, N_COUNTERS], counted tokens only
     layer_mass: np.ndarray    # float64 [L]
-    tok_counts: np.ndarray    # int64 [T, N_COUNTERS], every step
+    tok_counts: np.ndarray    # int64 [T, N_COUNTERS], every step (of the chunk, when streamed)
     tok_mass: np.ndarray      # float64 [T]
     tok_seconds: np.ndarray   # float64 [T]: simulated seconds per step
     tok_stall: np.ndarray     # float64 [T]: seconds a step waited for the link
@@ -153,7 +157,7 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     warmup = config.warmup_tokens if members is None else int((members.max(axis=1) < config.warmup_tokens).sum())
     next_req, first_req = run.next_requests()
     steps = Steps(sel=sel, w=w, wm=wm, cand=np.ascontiguousarray(run.cand, dtype=np.int16), next_req=next_req,
-                  first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32))
+                  first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0)
 
     ev = registry.get(config.eviction_name)
     param = config.eviction_param
@@ -177,7 +181,8 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     state = State(objs=np.zeros((n_obj, N_OB), np.int64), objf=np.zeros((n_obj, N_FO), np.float64),
                   pools=new_pools(pool_cap, ram_cap), heap=np.zeros((max(1, int(pool_cap.sum())), 3), np.float64),
                   queue=np.zeros((L, E), np.int64), queue_t=np.zeros((L, E), np.float64),
-                  queue_hl=np.zeros((L, 2), np.int64), step_counts=np.zeros(N_COUNTERS, np.int64))
+                  queue_hl=np.zeros((L, 2), np.int64), clock=np.zeros(N_CLOCK, np.float64),
+                  scal=np.zeros(N_SCAL, np.int64))
     shape = (T, L, k) if record else (0, 0, 0)
     out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
               tok_counts=np.zeros((T, N_COUNTERS), np.int64), tok_mass=np.zeros(T, np.float64),

@@ -96,7 +96,7 @@ class Routing:
 
     def next_requests(self) -> tuple[np.ndarray, np.ndarray]:
         """(next [T, L, k], first [L * E]): each request's next request of the same expert and each
-        expert's first request, as positions (t * L + l) * k + r in replay order (traces/derived.py)."""
+        expert's first request, as ticks of the replay (traces/derived.py)."""
 
         def compute():
             from moesim.jitcache import jitted
@@ -157,53 +157,66 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
     """Decode the score columns a row group at a time. Yields (row slice, candidates
     ranked by selection score [n, M], selected [n, k] in rank order, their normalized
     weights [n, k]). Only one batch of scores is in memory at a time."""
+    start = 0
+    for batch in tf.iter_batches(score_columns(tf)):
+        n = batch.num_rows
+        rows = slice(start, start + n)
+        yield (rows, *decode_batch(tf, batch, layer_ord[rows]))
+        start += n
+
+
+def score_columns(tf: TraceFile) -> list[str]:
+    """The columns decode_batch reads."""
+    dense = tf.meta.layout == "dense"
+    has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
+    return (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
+
+
+def decode_batch(tf: TraceFile, batch: pa.RecordBatch, layer_ord: np.ndarray):
+    """Decode one batch of rows (holding the score_columns), whose layer ordinals are ``layer_ord``:
+    (candidates ranked by selection score [n, M], selected [n, k] in rank order, their normalized
+    weights [n, k])."""
     meta = tf.meta
     k, E = meta.top_k, meta.n_experts
     dense = meta.layout == "dense"
     bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
     stored = meta.tie_order == "stored"
-    cols = (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
-    start = 0
-    for batch in tf.iter_batches(cols):
-        n = batch.num_rows
-        rows = slice(start, start + n)
-        ids, vals = _scores(batch, meta, tf.path)
-        bias_rows = bias[layer_ord[rows][:, None], ids] if bias is not None else None
-        score = gating.selection_scores(vals, meta.gating, bias_rows)
-        order = gating.rank_order(ids, score, ids_sorted=dense or stored)
-        ranked_ids = np.take_along_axis(ids, order, axis=1)
-        if has_sel:
-            s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
-            _check_ids(s, E, "selected", tf.path)
-            if has_w:
-                ww = _fixed(batch.column("weights"), k, np.float64, "weights", tf.path)
-                if not np.isfinite(ww).all():
-                    raise MoesimError(f"{tf.path}: column weights holds NaN or infinite values")
-                try:
-                    ww = gating.normalize(ww)
-                except MoesimError as exc:
-                    raise MoesimError(f"{tf.path}: {exc}") from None
-            else:
-                sel_logits, found = gating.lookup(ids, vals, s, dense=dense)
-                if not found.all():
-                    raise MoesimError(f"{tf.path}: a selected expert is not among the row's scored candidates and "
-                                      "the trace stores no weights to weigh it")
-                ww = gating.gate_weights(sel_logits, meta.gating)
+    ids, vals = _scores(batch, meta, tf.path)
+    bias_rows = bias[layer_ord[:, None], ids] if bias is not None else None
+    score = gating.selection_scores(vals, meta.gating, bias_rows)
+    order = gating.rank_order(ids, score, ids_sorted=dense or stored)
+    ranked_ids = np.take_along_axis(ids, order, axis=1)
+    if has_sel:
+        s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
+        _check_ids(s, E, "selected", tf.path)
+        if has_w:
+            ww = _fixed(batch.column("weights"), k, np.float64, "weights", tf.path)
+            if not np.isfinite(ww).all():
+                raise MoesimError(f"{tf.path}: column weights holds NaN or infinite values")
+            try:
+                ww = gating.normalize(ww)
+            except MoesimError as exc:
+                raise MoesimError(f"{tf.path}: {exc}") from None
         else:
-            if meta.gating == "sigmoid" and meta.n_group > 1:
-                if not dense:
-                    raise MoesimError(f"{tf.path}: group-limited sigmoid routing needs dense logits or a "
-                                      "'selected' column")
-                s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
-                sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
-            else:
-                s = ranked_ids[:, :k]
-                sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
+            sel_logits, found = gating.lookup(ids, vals, s, dense=dense)
+            if not found.all():
+                raise MoesimError(f"{tf.path}: a selected expert is not among the row's scored candidates and "
+                                  "the trace stores no weights to weigh it")
             ww = gating.gate_weights(sel_logits, meta.gating)
-        s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
-        yield rows, ranked_ids, s_ord, w_ord
-        start += n
+    else:
+        if meta.gating == "sigmoid" and meta.n_group > 1:
+            if not dense:
+                raise MoesimError(f"{tf.path}: group-limited sigmoid routing needs dense logits or a "
+                                  "'selected' column")
+            s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
+            sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
+        else:
+            s = ranked_ids[:, :k]
+            sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
+        ww = gating.gate_weights(sel_logits, meta.gating)
+    s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
+    return ranked_ids, s_ord, w_ord
 
 
 def validate_trace(path: str | os.PathLike | TraceFile) -> dict:
