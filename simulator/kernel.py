@@ -158,7 +158,7 @@ def _land_copies(code, prm, pool, l, tick0, now, link_free, s_writeback, ob, fo,
         qhl[l, 1] -= 1
         ob[o, QUEUED] = 0
         if ob[o, RES] == 0:
-            v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick0 + i)
+            v = _admit(code, prm, pool, o, tick0 + i, ob, fo, po, heap)
             if v != registry.NOT_ADMITTED:
                 n_admit += 1
             if v >= 0:
@@ -283,17 +283,10 @@ def replay(steps, policy, setup, state, out):
             n_req = 0
             n_hit = 0
             n_fetch = 0
-            n_fetch_nvme = 0
-            n_sub = 0
-            n_drop = 0
-            n_cpu = 0
-            n_cpu_nvme = 0
-            n_first = 0
             n_evict = 0
             n_admit = 0
-            n_copy = 0
-            n_copy_nvme = 0
             smass = 0.0
+            ran_cpu = False
             if timed:
                 now += s_dense_layer
             if qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
@@ -329,7 +322,7 @@ def replay(steps, policy, setup, state, out):
                     n_fetch += 1
                     nvme = tiered and _from_nvme(o, ram, ob, po)
                     if nvme:
-                        n_fetch_nvme += 1
+                        _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
                     if timed:
                         start = max(now, link_free)  # behind any queued background copy
                         stall += start - now
@@ -344,10 +337,11 @@ def replay(steps, policy, setup, state, out):
                         outcome[t, l, r] = miss.OUTCOME_FETCH
                     continue
                 if action == miss.CPU:
-                    n_cpu += 1
+                    ran_cpu = True
+                    _bump(tok_counts, layer_counts, t, l, CPU, counting)
                     nvme = tiered and _from_nvme(o, ram, ob, po)
                     if nvme:
-                        n_cpu_nvme += 1
+                        _bump(tok_counts, layer_counts, t, l, CPU_NVME, counting)
                     if timed:
                         now += s_cpu_nvme if nvme else s_cpu_ram
                     if record:
@@ -358,40 +352,38 @@ def replay(steps, policy, setup, state, out):
                 if action == miss.SUBSTITUTE:
                     sub = _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
                 if sub >= 0:
-                    n_sub += 1
+                    _bump(tok_counts, layer_counts, t, l, SUBSTITUTIONS, counting)
                     if timed:
                         now += s_vram
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
                         substitute[t, l, r] = sub - base
                 else:
-                    n_drop += 1
+                    _bump(tok_counts, layer_counts, t, l, DROPS, counting)
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_DROP
                 smass += wm[t, l, r]
                 if r == 0:
-                    n_first += 1
+                    _bump(tok_counts, layer_counts, t, l, FIRST_CHOICE_SUBS, counting)
                 if copies:
                     fo[o, ACC] += wr
                     if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
                         # a background copy: occupies the link after what is queued on it
                         fo[o, ACC] = 0.0
-                        n_copy += 1
+                        _bump(tok_counts, layer_counts, t, l, COPIES, counting)
                         nvme = tiered and _from_nvme(o, ram, ob, po)
                         if nvme:
-                            n_copy_nvme += 1
+                            _bump(tok_counts, layer_counts, t, l, COPIES_NVME, counting)
                         if timed:
                             link_free = max(now, link_free) + (s_copy_nvme if nvme else s_copy_ram)
                         _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
 
-            if n_cpu > 0 and timed:
+            if timed and ran_cpu:
                 now += s_handoff
             tmass += smass
-            _add(tok_counts, t, n_req, n_hit, n_fetch, n_sub, n_drop, n_cpu, n_admit, n_first, n_evict,
-                 n_fetch_nvme, n_cpu_nvme, n_copy, n_copy_nvme)
+            _add(tok_counts, t, n_req, n_hit, n_fetch, n_evict, n_admit)
             if counting:
-                _add(layer_counts, l, n_req, n_hit, n_fetch, n_sub, n_drop, n_cpu, n_admit, n_first, n_evict,
-                     n_fetch_nvme, n_cpu_nvme, n_copy, n_copy_nvme)
+                _add(layer_counts, l, n_req, n_hit, n_fetch, n_evict, n_admit)
                 layer_mass[l] += smass
         tok_mass[t] = tmass
         tok_seconds[t] = now - t_start
@@ -403,21 +395,19 @@ def replay(steps, policy, setup, state, out):
 
 
 @njit(inline="always")
-def _add(counts, i, n_req, n_hit, n_fetch, n_sub, n_drop, n_cpu, n_admit, n_first, n_evict, n_fetch_nvme,
-         n_cpu_nvme, n_copy, n_copy_nvme):
+def _add(counts, i, n_req, n_hit, n_fetch, n_evict, n_admit):
+    """Add a step's frequent counters (kept in locals) into row i."""
     counts[i, REQUESTS] += n_req
     counts[i, HITS] += n_hit
     counts[i, MISSES] += n_req - n_hit
     counts[i, FETCHES] += n_fetch
-    counts[i, SUBSTITUTIONS] += n_sub
-    counts[i, DROPS] += n_drop
-    counts[i, CPU] += n_cpu
-    counts[i, ADMISSIONS] += n_admit
-    counts[i, FIRST_CHOICE_SUBS] += n_first
     counts[i, EVICTIONS] += n_evict
-    counts[i, FETCHES_NVME] += n_fetch_nvme
-    counts[i, CPU_NVME] += n_cpu_nvme
-    counts[i, COPIES] += n_copy
-    counts[i, COPIES_NVME] += n_copy_nvme
+    counts[i, ADMISSIONS] += n_admit
 
 
+@njit(inline="always")
+def _bump(tok_counts, layer_counts, t, l, c, counting):
+    """Count a rarer event straight into its token's and (when counted) its layer's row."""
+    tok_counts[t, c] += 1
+    if counting:
+        layer_counts[l, c] += 1
