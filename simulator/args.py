@@ -139,14 +139,7 @@ def ram_tier(cost: Any, counts: np.ndarray) -> tuple[int, np.ndarray]:
 def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = False) -> Prepared:
     """Everything the kernel needs to replay ``routing`` under ``config`` (priced by ``cost``, a
     CostParams, or unclocked); ``record`` allocates the per-request decision record."""
-    L, E = routing.n_layers, routing.n_experts
-    slots = config.slots_per_layer(E)
-    if config.allocation == "global":
-        pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([slots * L], np.int64)
-    else:
-        pool_of_layer, pool_cap = np.arange(L, dtype=np.int64), np.full(L, slots, np.int64)
-    counts_all = routing.request_counts()
-
+    L = routing.n_layers
     run, wm, members = routing, None, None
     if config.batch > 1:
         run, wm, members = batch_routing(routing, config.batch)
@@ -158,13 +151,33 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     next_req, first_req = run.next_requests()
     steps = Steps(sel=sel, w=w, wm=wm, cand=np.ascontiguousarray(run.cand, dtype=np.int16), next_req=next_req,
                   first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0)
+    policy, setup, state, slots, ram_cap = policy_state(routing, config, cost, warmup)
+    shape = (T, L, k) if record else (0, 0, 0)
+    out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
+              tok_counts=np.zeros((T, N_COUNTERS), np.int64), tok_mass=np.zeros(T, np.float64),
+              tok_seconds=np.zeros(T, np.float64), tok_stall=np.zeros(T, np.float64),
+              outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16))
+    return Prepared(args=KernelArgs(steps, policy, setup, state, out), run=run, members=members,
+                    warmup_steps=warmup, slots=slots, ram_cap=ram_cap)
 
+
+def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tuple[Policy, Setup, State, int, int]:
+    """The policy, setup and fresh state groups of a replay of ``source`` (a Routing or a streamed
+    traces.stream.DecodedStore: its geometry and request counts), and (slots per layer, host-RAM tier
+    size)."""
+    L, E = source.n_layers, source.n_experts
+    slots = config.slots_per_layer(E)
+    if config.allocation == "global":
+        pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([slots * L], np.int64)
+    else:
+        pool_of_layer, pool_cap = np.arange(L, dtype=np.int64), np.full(L, slots, np.int64)
+    counts_all = source.request_counts()
     ev = registry.get(config.eviction_name)
     param = config.eviction_param
     pinned = np.zeros(L * E, np.bool_)
     warm_objs = np.zeros(0, np.int64)
     if ev.pinned:
-        prefix_counts = counts_all if param is None else routing.request_counts(int(param))
+        prefix_counts = counts_all if param is None else source.request_counts(int(param))
         pinned[ev.module.pinned(prefix_counts, slots, config.allocation)] = True
     elif config.warm:
         # least popular first, so the most popular experts are the most recently inserted
@@ -183,10 +196,4 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
                   queue=np.zeros((L, E), np.int64), queue_t=np.zeros((L, E), np.float64),
                   queue_hl=np.zeros((L, 2), np.int64), clock=np.zeros(N_CLOCK, np.float64),
                   scal=np.zeros(N_SCAL, np.int64))
-    shape = (T, L, k) if record else (0, 0, 0)
-    out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
-              tok_counts=np.zeros((T, N_COUNTERS), np.int64), tok_mass=np.zeros(T, np.float64),
-              tok_seconds=np.zeros(T, np.float64), tok_stall=np.zeros(T, np.float64),
-              outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16))
-    return Prepared(args=KernelArgs(steps, policy, setup, state, out), run=run, members=members,
-                    warmup_steps=warmup, slots=slots, ram_cap=ram_cap)
+    return policy, setup, state, slots, ram_cap
