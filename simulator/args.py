@@ -15,8 +15,8 @@ from moesim.policies.structures import N_FO, N_OB, new_pools
 from moesim.simulator.batch import batch_routing
 from moesim.simulator.config import SimConfig
 from moesim.simulator.kernel import (
-    N_COSTS,
     N_CLOCK,
+    N_COSTS,
     N_COUNTERS,
     N_SCAL,
     S_COPY_NVME,

@@ -8,8 +8,8 @@ import time
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.simulator import kernel
 from moesim.policies import registry
+from moesim.simulator import kernel
 from moesim.simulator.args import Out, Steps, build, policy_state
 from moesim.simulator.config import SimConfig
 from moesim.simulator.kernel import N_COUNTERS
@@ -119,7 +119,7 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
     if config.batch > 1:
         raise MoesimError("--batch replays in memory only; this trace is streamed (too large to decode whole, "
                           "or --stream): use --no-stream, or a shorter trace")
-    T, L, k = store.n_tokens, store.n_layers, store.top_k
+    T, L = store.n_tokens, store.n_layers
     _check_warmup(config, T)
     policy, setup, state, slots, ram_cap = policy_state(store, config, cost, config.warmup_tokens)
     ev = registry.get(config.eviction_name)

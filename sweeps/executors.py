@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from moesim.errors import MoesimError
+from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
 from moesim.simulator.driver import ensure_compiled
+from moesim.traces.stream import DecodedStore
 
 EXECUTORS = ("local", "ray")
 # Tests slow each replay down by this many seconds to interrupt a sweep midway (never set it otherwise).
@@ -30,12 +32,12 @@ class Task:
 
 
 def replay_payload(routing, config: SimConfig, cost) -> dict:
-    """Replay one config; return plain Python values only (workers must not touch polars: it is not
-    fork-safe)."""
+    """Replay one config of a Routing or a streamed DecodedStore (no per-token series kept); return plain
+    Python values only (workers must not touch polars: it is not fork-safe)."""
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
     if delay > 0:
         time.sleep(delay)
-    return payload(simulate(routing, config, cost=cost))
+    return payload(simulate(routing, config, cost=cost, tokens=False))
 
 
 def payload(res) -> dict:
@@ -115,8 +117,11 @@ def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None =
         yield from _ray(work, jobs, routings, costs)
         return
     ensure_compiled()  # compile or load once, before forking, so no worker compiles
-    for r in routings:
-        if r is not None:
+    for i, r in enumerate(routings):
+        if isinstance(r, DecodedStore):
+            if any(t.trace == i and registry.get(t.config.eviction_name).uses_next_request for t in work):
+                r.first_requests()  # the reverse pass writes the next requests once, before any worker reads
+        elif r is not None:
             r.next_requests()  # computed once and inherited by every worker
     n_jobs = min(jobs or os.cpu_count() or 1, len(work))
     _SHARED.update(routings=routings, costs=costs)

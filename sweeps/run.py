@@ -81,6 +81,18 @@ def check_config(config: SimConfig, routing) -> None:
                           f"{routing.n_tokens} tokens to count")
 
 
+def check_stream(config: SimConfig, entry: TraceEntry, executor: str) -> None:
+    """Fail before any replay starts on what a streamed trace cannot do."""
+    if not entry.streamed:
+        return
+    if config.batch > 1:
+        raise MoesimError(f"{entry.name}: --batch replays in memory only; this trace is streamed (too large to "
+                          "decode whole, or --stream): use --no-stream, or a shorter trace")
+    if executor == "ray":
+        raise MoesimError(f"{entry.name}: a streamed trace replays with the local executor only (its decoded "
+                          "chunks are on this machine's disk); use --no-stream or --executor local")
+
+
 def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw, model, quant) -> tuple[dict, list]:
     cfg = task.config
     ck = task.row_key.rsplit(":", 1)[1]
@@ -189,18 +201,32 @@ def plan(entries: list[TraceEntry], grid: Grid):
 
 
 def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jobs: int | None = None,
-              executor: str = "local", progress=None, flush_seconds: float = 2.0) -> SweepOutcome:
+              executor: str = "local", progress=None, flush_seconds: float = 2.0,
+              stream: bool | None = None) -> SweepOutcome:
     """Run (or finish) a sweep; return this sweep's rows ranked within their groups.
+
+    ``stream``: replay the traces streamed, a chunk of tokens at a time (None: the traces whose decoded
+    arrays would exceed MOESIM_STREAM_MB; see simulator.simulate). A streamed trace is decoded once into
+    a temporary folder that every worker reads by itself, and deleted at the end.
 
     ``progress(done, total)`` is called as configs finish. On KeyboardInterrupt the finished rows are
     flushed to ``output`` before the interrupt propagates."""
-    import polars as pl
-
     if executor not in EXECUTORS:
         raise MoesimError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
     if jobs is not None and jobs < 1:
         raise MoesimError(f"--jobs must be at least 1, got {jobs}")
-    entries = load_traces(traces)
+    entries = load_traces(traces, stream)
+    try:
+        return _run(entries, grid, output, jobs, executor, progress, flush_seconds)
+    finally:
+        for e in entries:
+            e.close()
+
+
+def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, progress,
+         flush_seconds: float) -> SweepOutcome:
+    import polars as pl
+
     tasks, costs, cost_info, notes = plan(entries, grid)
     store = ResultStore(output)
     todo = [t for t in tasks if t.row_key not in store]
@@ -211,8 +237,10 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
     # one replay per distinct replay key, run with the twin config
     work = [dataclasses.replace(ts[0], config=replay_twin(ts[0].config)) for ts in waiting.values()]
     for t in work:
-        check_config(t.config, entries[t.trace].routing)
-    routings = [e.routing if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
+        check_stream(t.config, entries[t.trace], executor)
+    routings = [e.source if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
+    for t in work:
+        check_config(t.config, routings[t.trace])
     results = execute(work, routings, costs, jobs=jobs, executor=executor)
     done = 0
     last_flush = time.monotonic()

@@ -11,7 +11,7 @@ from moesim.sweeps.executors import payload
 from moesim.sweeps.grid import Grid, canonical
 from moesim.sweeps.inputs import load_traces
 from moesim.sweeps.ranking import annotate
-from moesim.sweeps.run import check_config, make_rows, plan
+from moesim.sweeps.run import check_config, check_stream, make_rows, plan
 from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame
 
 
@@ -24,12 +24,20 @@ class One:
 
 
 def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str | None = None,
-                 quant: str | None = None, engine: str | None = None) -> One:
+                 quant: str | None = None, engine: str | None = None, stream: bool | None = None) -> One:
     """Replay ``config`` on ``trace`` (a path or a Routing), priced by (hw, model, quant) when the trace
-    can be priced, together with the reference configs its sweep row is compared with."""
+    can be priced, together with the reference configs its sweep row is compared with. ``stream``: as
+    simulator.simulate (None: streamed when the trace is too large to decode whole)."""
+    entry = load_traces([trace], stream)[0]
+    try:
+        return _simulate_one(entry, config, hw, model, quant, engine)
+    finally:
+        entry.close()
+
+
+def _simulate_one(entry, config: SimConfig, hw, model, quant, engine) -> One:
     import polars as pl
 
-    entry = load_traces([trace])[0]
     config = canonical(config)
     size = {"budgets": [config.budget]} if config.budget is not None else {"slots": [config.slots]}
     grid = Grid(evictions=[config.eviction], misses=[config.miss], admits=[config.admit],
@@ -38,11 +46,13 @@ def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str 
                 warm=config.warm, warmup_tokens=config.warmup_tokens,
                 reset_per_sequence=config.reset_per_sequence, presets=False, **size)
     tasks, costs, cost_info, notes = plan([entry], grid)
-    routing = entry.routing
+    for task in tasks:
+        check_stream(task.config, entry, "local")
+    routing = entry.source
     rows, layers, mine = [], [], None
     for task in tasks:
         check_config(task.config, routing)
-        res = simulate(routing, task.config, cost=costs[task.cost])
+        res = simulate(routing, task.config, cost=costs[task.cost], tokens=task.config == config)
         if task.config == config:
             mine = (task.row_key, res)
         row, lay = make_rows(task, payload(res), entry, costs[task.cost], *cost_info[task.cost])

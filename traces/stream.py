@@ -112,7 +112,7 @@ class DecodedStore:
                               "replayed")
         d, owned = _directory(directory)
         try:
-            L, E, k = meta.n_layers, meta.n_experts, meta.top_k
+            L, E = meta.n_layers, meta.n_experts
             M = meta.n_candidates if candidates else 0
             counts = np.zeros(L * E, np.int64)
             seqs, phases = [], []

@@ -54,6 +54,13 @@ def cost_options(f):
     return f
 
 
+STREAM_OPTION = click.option(
+    "--stream/--no-stream", default=None,
+    help="Replay the trace a chunk of tokens at a time, the cache state carried across chunks, so memory does not "
+         "grow with the trace (default: when decoding it whole would take more than MOESIM_STREAM_MB, 512 MB; "
+         "chunk size MOESIM_STREAM_TOKENS, default ~32 MB of decoded arrays). Needs rows in token order.")
+
+
 def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                 batch=1):
     from moesim.simulator import SimConfig
@@ -69,9 +76,10 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @click.option("--per-token", "per_token", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Also write the per-token series (hits, misses, substitutions, mass, ...) to this CSV or "
                    "Parquet file.")
+@STREAM_OPTION
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, hw, model, quant, engine, per_token, fmt):
+            batch, hw, model, quant, engine, per_token, stream, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine (with the speed-up over fetch-all with the same eviction
@@ -84,7 +92,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
 
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch)
-    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine)
+    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, stream=stream)
     result = one.result
     if per_token:
         from moesim.files import write_table

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from moesim.cli.output import Progress
-from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
+from moesim.cli.simulate import EVICTION_HELP, MISS_HELP, STREAM_OPTION
 from moesim.policies import miss as miss_policies
 from moesim.policies import registry
 
@@ -71,9 +71,10 @@ def print_results(df, fmt: str, top: int | None, header: dict):
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
+@STREAM_OPTION
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
             reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, flush_every,
-            report_dir):
+            report_dir, stream):
     """Replay TRACE(s) through a grid of cache policies and print them ranked
     by time per token (by hit rate when the trace cannot be priced), with the
     speed-up over fetch-all, hit and substitution rates, substituted gate mass,
@@ -97,7 +98,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              model=model, quants=given(quant), engine=engine)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
-                        flush_seconds=flush_every)
+                        flush_seconds=flush_every, stream=stream)
     df = out.rows
     synthetic = bool(df["synthetic"].any()) if df.height else False
     header = {"traces": list(traces), "synthetic": synthetic,
