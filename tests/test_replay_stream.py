@@ -125,3 +125,18 @@ def test_trace_file_out_of_token_order_is_refused(tmp_path):
     assert simulate(path, eviction="lru", slots=2).totals()["requests"] == 24  # in memory: any order
     with pytest.raises(MoesimError, match="token order"):
         simulate(path, eviction="lru", slots=2, stream=True)
+
+
+def test_sweep_streamed_equals_in_memory(monkeypatch, shipped_trace):
+    """The default sweep of the shipped trace, streamed by two forked workers, gives the in-memory rows."""
+    import moesim
+
+    monkeypatch.setenv("MOESIM_STREAM_TOKENS", "300")  # 7 chunks
+
+    cols = ["row_key", "requests", "hits", "fetches", "substitutions", "drops", "cpu", "admissions", "evictions",
+            "copies", "mass", "ms_per_token"]
+    want = moesim.sweep(shipped_trace, budgets=0.25, jobs=1, stream=False).sort("row_key").select(cols)
+    got = moesim.sweep(shipped_trace, budgets=0.25, jobs=2, stream=True).sort("row_key").select(cols)
+    assert want.drop("mass", "ms_per_token").equals(got.drop("mass", "ms_per_token"))
+    np.testing.assert_allclose(got["mass"].to_numpy(), want["mass"].to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got["ms_per_token"].to_numpy(), want["ms_per_token"].to_numpy(), rtol=1e-12)
