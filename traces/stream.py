@@ -117,7 +117,7 @@ class DecodedStore:
             counts = np.zeros(L * E, np.int64)
             seqs, phases = [], []
             with _Writers(d, ("sel", "w", "cand")) as out:
-                for seq, phase, sel, w, cand in token_chunks(tf, chunk_tokens or 4096):
+                for seq, phase, sel, w, cand in token_chunks(tf, chunk_tokens or 1024):
                     seqs.append(seq)
                     phases.append(phase)
                     out.write("sel", sel)
@@ -338,7 +338,8 @@ def token_chunks(tf: TraceFile, chunk_tokens: int):
         lord = _layer_ords(batch, lut, lut_size, tf.path)
         ranked, s_ord, w_ord = decode_batch(tf, batch, lord)
         phase = _phases(batch, tf.path) if has_phase else np.full(len(seq), -1, np.int8)
-        pending.append((key, seq, phase, lord, s_ord, w_ord, ranked))
+        pending.append((key, seq.astype(np.int32), phase, lord.astype(np.int16), s_ord.astype(np.int16),
+                        w_ord.astype(np.float32), ranked.astype(np.int16)))
         if sum(len(p[0]) for p in pending) >= chunk_tokens * L:
             parts = [np.concatenate([p[i] for p in pending]) for i in range(7)]
             cut = int(np.searchsorted(parts[0], parts[0][-1], side="left"))
