@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
 from moesim.policies import registry
 from moesim.policies.static import most_requested
@@ -65,7 +66,7 @@ class Setup(NamedTuple):
 
 
 class State(NamedTuple):
-    objs: np.ndarray        # int64 [L * E, N_OB] (policies/structures.py)
+    objs: np.ndarray        # int32 [L * E, N_OB] (policies/structures.py)
     objf: np.ndarray        # float64 [L * E, N_FO]
     pools: np.ndarray       # int64 [pools + 1, N_PO]; the last row is the host-RAM tier
     heap: np.ndarray        # float64 [sum of capacities, 3]
@@ -166,6 +167,8 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     traces.stream.DecodedStore: its geometry and request counts), and (slots per layer, host-RAM tier
     size)."""
     L, E = source.n_layers, source.n_experts
+    if source.n_tokens >= 2**31:  # the kernel's int32 per-object counters count at most one request a token
+        raise MoesimError(f"a replay handles fewer than 2^31 tokens; this trace has {source.n_tokens:,}")
     slots = config.slots_per_layer(E)
     if config.allocation == "global":
         pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([slots * L], np.int64)
@@ -191,7 +194,7 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, warm_objs=warm_objs, ram_warm=ram_warm,
                   cost=kernel_costs(cost, L, config.batch))
     n_obj = L * E
-    state = State(objs=np.zeros((n_obj, N_OB), np.int64), objf=np.zeros((n_obj, N_FO), np.float64),
+    state = State(objs=np.zeros((n_obj, N_OB), np.int32), objf=np.zeros((n_obj, N_FO), np.float64),
                   pools=new_pools(pool_cap, ram_cap), heap=np.zeros((max(1, int(pool_cap.sum())), 3), np.float64),
                   queue=np.zeros((L, E), np.int64), queue_t=np.zeros((L, E), np.float64),
                   queue_hl=np.zeros((L, 2), np.int64), clock=np.zeros(N_CLOCK, np.float64),

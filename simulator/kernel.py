@@ -175,8 +175,8 @@ def _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
     a miss (marked, and used through the hit hook); -1 when there is none."""
     for j in range(cand.shape[2]):
         c = base + cand[t, l, j]
-        if c >= base and ob[c, RES] != 0 and ob[c, MARK] != step:
-            ob[c, MARK] = step
+        if c >= base and ob[c, RES] != 0 and fo[c, MARK] != step:
+            fo[c, MARK] = step
             registry.hit(code, ob, fo, po, heap, prm, pool, c, tick, False)
             return c
     return -1
@@ -238,8 +238,8 @@ def replay(steps, policy, setup, state, out):
             timed = True
     if t0 == 0:
         for o in range(n_obj):
-            ob[o, NREQ] = steps.first_req[o]
-            ob[o, MARK] = -1
+            fo[o, NREQ] = steps.first_req[o]
+            fo[o, MARK] = -1.0
     # hoisted: array loads inside the loop could not be, stores to other arrays may alias them
     s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
     s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
@@ -295,7 +295,7 @@ def replay(steps, policy, setup, state, out):
             if substitutes:  # a substitute may not be one of the step's selected experts
                 for r in range(k):
                     if sel[t, l, r] >= 0:
-                        ob[base + sel[t, l, r], MARK] = step
+                        fo[base + sel[t, l, r], MARK] = step
 
             for r in range(k):
                 e = sel[t, l, r]
@@ -304,7 +304,7 @@ def replay(steps, policy, setup, state, out):
                 o = base + e
                 tick = tick0 + E + r
                 if uses_next:
-                    ob[o, NREQ] = next_req[t, l, r]
+                    fo[o, NREQ] = next_req[t, l, r]
                 if uses_score:
                     fo[o, SCORE] += inc
                 n_req += 1
