@@ -209,7 +209,7 @@ class DecodedStore:
                     self._read("sel", t0, m, sel[:m])
                     stream_jit.next_distances(sel[:m], E, t0, last_t, last_r, nxt[:m])
                     f.seek(t0 * L * k * 4)
-                    f.write(memoryview(nxt[:m]).cast("B"))
+                    f.write(nxt[:m].data.cast("B"))
             os.replace(tmp, path)
             self._first = stream_jit.first_ticks(last_t, last_r, L, E, k)
         return self._first
@@ -219,7 +219,7 @@ class DecodedStore:
         row = out.nbytes // max(1, n)
         with open(self.dir / f"{name}.bin", "rb") as f:
             f.seek(t0 * row)
-            got = f.readinto(memoryview(out).cast("B"))
+            got = f.readinto(out.data.cast("B"))
         if got != out.nbytes:
             raise MoesimError(f"{self.dir / (name + '.bin')}: decoded trace file is truncated (disk full?)")
 
@@ -230,7 +230,7 @@ class DecodedStore:
         T = self.n_tokens if stop is None else stop
         L, k, M, E = self.n_layers, self.top_k, self.n_candidates, self.n_experts
         n = max(1, min(chunk_tokens, T))
-        bufs = {"sel": np.zeros((n, L, k), np.int16), "w": np.zeros((n, L, k), np.float32),
+        bufs: dict[str, np.ndarray] = {"sel": np.zeros((n, L, k), np.int16), "w": np.zeros((n, L, k), np.float32),
                 "cand": np.zeros((n, L, M if "cand" in what else 0), np.int16)}
         nxt = np.zeros((n if next_req else 0, L, k), np.int64)
         dist = np.zeros((n, L, k), np.uint32) if next_req else None
@@ -294,7 +294,7 @@ class _Writers:
     def write(self, name: str, arr: np.ndarray) -> None:
         a = np.ascontiguousarray(arr, dtype=_FILES[name])
         try:
-            self.files[name].write(memoryview(a).cast("B"))
+            self.files[name].write(a.data.cast("B"))
         except OSError as exc:
             raise MoesimError(f"cannot write the decoded trace to {self.d} ({exc}); set MOESIM_STREAM_DIR to a "
                               "folder with room for it") from None
