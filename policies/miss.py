@@ -8,6 +8,13 @@ SUBSTITUTE = 1
 DROP = 2
 CPU = 3
 
+# decision record codes (simulate(..., record=True).decisions.outcome; -1 = padding)
+OUTCOME_HIT = 0
+OUTCOME_FETCH = 1
+OUTCOME_SUBSTITUTE = 2
+OUTCOME_DROP = 3
+OUTCOME_CPU = 4
+
 # miss policy codes (plain ints for the kernel)
 FETCH_ALL = 0
 THRESHOLD = 1

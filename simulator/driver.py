@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,7 @@ def kernel_costs(cost, n_layers: int, batch: int) -> np.ndarray:
 
 
 def simulate(routing: Routing | str | os.PathLike, config: SimConfig | None = None, *, cost=None,
-             **kwargs) -> SimResult:
+             record: bool = False, **kwargs) -> SimResult:
     """Replay ``routing`` (a decoded trace or a path) under one policy config.
 
     ``simulate(r, SimConfig(eviction="lru", miss="threshold:0.15", budget=0.25))`` or
@@ -79,7 +80,10 @@ def simulate(routing: Routing | str | os.PathLike, config: SimConfig | None = No
     ``moesim.costmodel.timing.CostParams``) the replay keeps a clock: it prices every
     step, background copies occupy the host-to-GPU link and are admitted when they
     complete, and host RAM is a second (LRU) tier in front of NVMe. Without it, copies
-    take no time (admitted at the layer's next step) and every expert is in host RAM."""
+    take no time (admitted at the layer's next step) and every expert is in host RAM.
+    ``record``: the result's ``decisions`` holds each request's outcome (``outcome`` int8
+    [T, L, k], codes policies.miss.OUTCOME_*, -1 for padding) and the expert run in place of a
+    substituted one (``substitute`` int16 [T, L, k], -1 otherwise)."""
     if config is None:
         try:
             config = SimConfig(**kwargs)
@@ -129,13 +133,16 @@ def simulate(routing: Routing | str | os.PathLike, config: SimConfig | None = No
     tok_mass = np.zeros(T, np.float64)
     tok_seconds = np.zeros(T, np.float64)
     tok_stall = np.zeros(T, np.float64)
+    rec_shape = (T, L, run.top_k) if record else (0, 0, 0)
+    rec_outcome = np.full(rec_shape, -1, np.int8)
+    rec_sub = np.full(rec_shape, -1, np.int16)
     args = (a["sel"], a["w"], wm, a["cand"], a["next_tick"], a["first_tick"], a["tok_seq"],
             code, structure_code(code), move_on_access(code), uses(code, "SCORE"), uses(code, "NEXT_REQUEST"),
             miss_code, float(config.theta),
             float(config.admit or 0.0), pool_of_layer, pinned, warm_objs, ram_warm,
             kernel_costs(cost, L, config.batch), half_life, warmup, bool(config.reset_per_sequence),
             *new_state(pool_cap, L, E, run.top_k, ram_cap),
-            counts, mass, tok_counts, tok_mass, tok_seconds, tok_stall)
+            counts, mass, tok_counts, tok_mass, tok_seconds, tok_stall, bool(record), rec_outcome, rec_sub)
     ensure_compiled()
     t0 = time.perf_counter()
     kernel.replay(*args)
@@ -151,9 +158,20 @@ def simulate(routing: Routing | str | os.PathLike, config: SimConfig | None = No
         replay_seconds=seconds, token_seconds=tok_seconds, token_stall=tok_stall,
         step_members=members_per_step, step_decode=run.phase == 1, warmup_steps=warmup,
     )
+    if record:
+        result.decisions = Decisions(outcome=rec_outcome, substitute=rec_sub)
     if cost is not None:
         result.attach_timing(cost, ram_cap=max(ram_cap, 0) if ram_cap >= 0 else None)
     return result
+
+
+@dataclass
+class Decisions:
+    """What the replay did with each request: ``outcome`` [T, L, k] (policies.miss.OUTCOME_*,
+    -1 for padding) and ``substitute`` [T, L, k] (the expert run instead, -1 unless substituted)."""
+
+    outcome: np.ndarray
+    substitute: np.ndarray
 
 
 def _ram_tier(cost, counts: np.ndarray) -> tuple[int, np.ndarray]:
@@ -186,5 +204,6 @@ def ensure_compiled() -> None:
                   np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(kernel.N_COSTS), 0.0, 0, False,
                   *new_state(np.ones(1, np.int64), 1, 1, 1),
                   np.zeros((1, kernel.N_COUNTERS), np.int64), np.zeros(1), np.zeros((1, kernel.N_COUNTERS), np.int64),
-                  np.zeros(1), np.zeros(1), np.zeros(1))
+                  np.zeros(1), np.zeros(1), np.zeros(1), False, np.zeros((0, 0, 0), np.int8),
+                  np.zeros((0, 0, 0), np.int16))
     _compiled = True

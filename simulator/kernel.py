@@ -173,7 +173,7 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
            evict_code, structure, move_on_access, uses_score, uses_next, miss_code, theta, beta,
            pool_of_layer, pinned, warm_objs, ram_warm, cost, half_life, warmup_tokens, reset_per_seq,
            ob, fo, po, heap, queue, queue_t, qhl, sc,
-           layer_counts, layer_mass, tok_counts, tok_mass, tok_seconds, tok_stall):
+           layer_counts, layer_mass, tok_counts, tok_mass, tok_seconds, tok_stall, record, rec_outcome, rec_sub):
     """Replay every (token, layer) step; add counters into layer_counts/layer_mass
     (tokens from warmup_tokens on) and tok_counts/tok_mass/tok_seconds/tok_stall
     (every token). sel entries < 0 are padding (batched routing). w: the weights the
@@ -181,7 +181,9 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
     cost: seconds per operation (S_* columns; all zero for a replay without a clock).
     uses_score / uses_next: the eviction's priority reads the request score / the next
     request, so the kernel keeps it up to date.
-    ob/fo/po/heap/queue/queue_t/qhl/sc: state and scratch (structures.new_state)."""
+    ob/fo/po/heap/queue/queue_t/qhl/sc: state and scratch (structures.new_state).
+    record: write each request's outcome (miss.OUTCOME_*) into rec_outcome [T, L, k] and the
+    substitute run in its place into rec_sub [T, L, k] (both pre-filled with -1)."""
     T, L, k = sel.shape
     M = cand.shape[2]
     n_obj = ob.shape[0]
@@ -256,6 +258,8 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                     fo[o, SCORE] += inc
                 n_req += 1
                 if ob[o, RES] != 0:
+                    if record:
+                        rec_outcome[t, l, r] = miss.OUTCOME_HIT
                     n_hit += 1
                     if structure == HEAP:
                         ob[o, CNT] += 1
@@ -265,6 +269,8 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                 wr = w[t, l, r]
                 action = miss.decide(miss_code, r, wr, theta)
                 if action == miss.FETCH:
+                    if record:
+                        rec_outcome[t, l, r] = miss.OUTCOME_FETCH
                     sc[FETCHES] += 1
                     start = max(now, link_free)  # behind any queued background copy
                     stall += start - now
@@ -279,6 +285,8 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                             sc[EVICTIONS] += 1
                     continue
                 if action == miss.CPU:
+                    if record:
+                        rec_outcome[t, l, r] = miss.OUTCOME_CPU
                     sc[CPU] += 1
                     if _from_nvme(o, ram, ob, po):
                         sc[CPU_NVME] += 1
@@ -295,11 +303,16 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                             sub = c
                             break
                 if sub >= 0:
+                    if record:
+                        rec_outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
+                        rec_sub[t, l, r] = sub - base
                     ob[sub, MARK] = step
                     sc[SUBSTITUTIONS] += 1
                     _touch(structure, move_on_access, evict_code, pool, sub, tick, ob, fo, po, heap)
                     now += s_vram
                 else:
+                    if record:
+                        rec_outcome[t, l, r] = miss.OUTCOME_DROP
                     sc[DROPS] += 1
                 smass += wm[t, l, r]
                 if r == 0:

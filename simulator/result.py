@@ -44,6 +44,7 @@ class SimResult:
     warmup_steps: int = 0
     timing: dict | None = None
     extra: dict = field(default_factory=dict)
+    decisions: object = None            # simulate(record=True): driver.Decisions
 
     def attach_timing(self, cost, ram_cap: int | None = None, prefill: dict | None = None) -> None:
         """Seconds per token and bytes moved, from the kernel's clock and counters."""
