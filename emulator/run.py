@@ -286,8 +286,13 @@ class Emulator:
 def emulate(model_dir: str | os.PathLike, texts, configs, *, domains=None, dtype: str = "float32",
             device: str | None = None, window: int | None = None, max_tokens: int | None = None,
             candidates: int | None = None, dense: bool = False, drop: str = "renormalize", trace_out=None,
-            model_id: str | None = None, progress=None):
-    """Load a local checkpoint once and emulate each config; returns (Emulator, [PolicyRun])."""
+            model_id: str | None = None, progress=None, skip: set[str] | None = None):
+    """Load a local checkpoint once and emulate each config; returns (Emulator, [PolicyRun]).
+    ``skip``: quality row keys (setup_key:config_key) already measured, not run again. Configs
+    that never cache anything (replay_twin) share one closed-loop pass."""
+    import dataclasses
+
+    from moesim.simulator.grid import replay_twin
     from moesim.traces.tracers.hf import load_local
 
     configs = list(configs)
@@ -296,9 +301,17 @@ def emulate(model_dir: str | os.PathLike, texts, configs, *, domains=None, dtype
     model, tok = load_local(model_dir, dtype, device)
     em = Emulator(model, tok, texts, domains, window=window, max_tokens=max_tokens, candidates=candidates,
                   dense=dense, drop=drop, model_dir=model_dir, model_id=model_id)
-    runs = []
+    if skip:
+        configs = [c for c in configs if f"{em.setup.key}:{c.key()}" not in skip]
+    runs, twins = [], {}
     for i, c in enumerate(configs):
-        runs.append(em.run(c, trace_out=trace_out if len(configs) == 1 else None))
+        twin = replay_twin(c)
+        if twin.key() in twins and trace_out is None:
+            runs.append(dataclasses.replace(twins[twin.key()], config=c))
+        else:
+            run = em.run(twin, trace_out=trace_out if len(configs) == 1 else None)
+            twins[twin.key()] = run
+            runs.append(dataclasses.replace(run, config=c) if twin is not c else run)
         if progress is not None:
             progress(i + 1, len(configs))
     return em, runs

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hw": ("moesim.cli.hw", "Hardware presets: list and show tiers, bandwidths and their sources."),
     "models": ("moesim.cli.models", "Model presets: geometry, parameters, bytes per expert and per token."),
     "estimate": ("moesim.cli.estimate", "Analytic seconds per token for a model on a machine, no trace needed."),
+    "emulate": ("moesim.cli.emulate", "Run a model under a cache policy and measure the perplexity it costs."),
     "report": ("moesim.cli.report", "HTML report, PNG/SVG charts and paper tables from a sweep or a trace."),
 }
 
