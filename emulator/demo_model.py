@@ -143,7 +143,7 @@ def train(out: Path, steps: int, seq_len: int, batch: int, lr: float, seed: int,
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 25 == 0 or step == steps - 1:
+        if step % 10 == 0 or step == steps - 1:
             lm = float(outp.loss.detach()) - cfg.router_aux_loss_coef * float(outp.aux_loss.detach())
             curve.append({"step": step, "loss": round(lm, 4), "seconds": round(time.perf_counter() - t0, 1)})
             log(f"step {step:4d}  loss {lm:.3f}  ({time.perf_counter() - t0:.0f} s)")

@@ -209,3 +209,13 @@ def attach_quality(rows, quality):
     return rows.with_columns(pl.Series("dppl_pct", vals, dtype=pl.Float64),
                              pl.Series("dppl_source", srcs, dtype=pl.Utf8),
                              pl.Series("dppl_shown", shown, dtype=pl.Utf8))
+
+
+def within(rows, max_dppl: float):
+    """Only the rows whose dppl % (measured or estimated) is at most ``max_dppl``, re-ranked."""
+    import polars as pl
+
+    from moesim.simulator.ranking import annotate
+
+    kept = rows.filter(pl.col("dppl_pct").is_not_null() & (pl.col("dppl_pct") <= max_dppl))
+    return annotate(kept)

@@ -124,7 +124,7 @@ class Emulator:
     def __init__(self, model, tokenizer, texts, domains=None, *, window: int | None = None,
                  max_tokens: int | None = None, candidates: int | None = None, dense: bool = False,
                  drop: str = "renormalize", model_dir: str | os.PathLike | None = None, model_id: str | None = None):
-        from moesim.traces.tracers.hf import hf_model_id, hf_sequences, import_transformers
+        from moesim.traces.tracers.hf import check_model_dir, hf_model_id, hf_sequences, import_transformers
         from moesim.traces.tracers.texts import source_meta
         from moesim.traces.tracers.torch_hooks import find_routers, trace_fields
 
@@ -148,7 +148,8 @@ class Emulator:
         seqs = hf_sequences(tokenizer, [str(t) for t in texts], domains, window, max_tokens)
         self.seqs = seqs
         if model_id is None:
-            model_id = hf_model_id(model_dir, cfg.to_dict()) if model_dir is not None else None
+            # as `moesim trace hf` names it, so quality rows join the sweeps of its traces
+            model_id = hf_model_id(model_dir, check_model_dir(model_dir)) if model_dir is not None else None
         src = source_meta([str(t) for t in texts], domains, window, max_tokens, seqs)
         if model_dir is not None:
             src["model_dir"] = str(Path(model_dir).resolve())

@@ -143,6 +143,17 @@ PRICED_COLUMNS = [
     Column("gb_per_token_background", "GB/tok bg", _f(".3f")),
     Column("pareto", "Pareto", _flag, "l"),
 ]
+DPPL_COLUMN = Column("dppl_shown", "dppl %", lambda v: "-" if v is None else str(v), latex=r"$\Delta$ppl \%")
+
+
+def quality_note(members: list[dict]) -> str:
+    fits = sorted({r["dppl_source"] for r in members if r.get("dppl_source") not in (None, "measured")})
+    note = "dppl %: perplexity increase measured by moesim emulate"
+    if fits:
+        note += "; ~ marks an " + "; ".join(fits)
+    return note + "; '-': not emulated (policies that may substitute the first choice get no estimate)."
+
+
 _TIME_KEYS = {"ms_per_token", "speedup_vs_fetch_all", "gb_per_token_sync", "gb_per_token_background"}
 UNPRICED_COLUMNS = [c for c in PRICED_COLUMNS if c.key not in _TIME_KEYS]
 
@@ -179,11 +190,15 @@ def sweep_tables(df, top: int | None = None) -> list[Table]:
         members.sort(key=lambda r: r["rank"])
         shown = members[:top] if top else members
         cols = PRICED_COLUMNS if members[0]["priced"] else UNPRICED_COLUMNS
+        if "dppl_shown" in members[0]:   # sweep --quality: measured (or, marked ~, estimated) dppl
+            cols = cols[:-1] + [DPPL_COLUMN] + cols[-1:]
         note = "speed-up: vs fetch-all with the same eviction and cache size. Pareto: no other row is faster " \
                "with less substituted mass." if members[0]["priced"] else \
                "Not priced: ranked by hit rate. Pareto: no other row has a higher hit rate with less substituted mass."
         if len(shown) < len(members):
             note += f" Top {len(shown)} of {len(members)} configs."
+        if "dppl_shown" in members[0]:
+            note += " " + quality_note(members)
         tables.append(Table(group_title(members[0]), cols, cells(shown, cols), note))
     return tables
 

@@ -83,10 +83,20 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
     finally:
         bar.close()
     if grid is not None:
-        df = quality_frame(em.setup, runs)
-        if out:
-            total = write_quality(df, out)
-            click.echo(f"{len(runs)} configs emulated; {out} holds {total} rows", err=True)
+        import polars as pl
+
+        from moesim.emulator.quality import read_quality
+
+        keys = [f"{em.setup.key}:{c.key()}" for c in configs]
+        if runs:
+            df = quality_frame(em.setup, runs)
+            if out:
+                total = write_quality(df, out)
+                click.echo(f"{len(runs)} configs emulated; {out} holds {total} rows", err=True)
+        else:
+            click.echo(f"0 configs emulated: {out} already holds every one", err=True)
+        if out:   # the grid's rows, those just computed and those already in the file
+            df = read_quality(out).filter(pl.col("row_key").is_in(keys))
         _print_grid(df, em, fmt)
         return
     doc = runs[0].to_dict(em.setup)

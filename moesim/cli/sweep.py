@@ -107,11 +107,17 @@ def print_results(df, fmt: str, top: int | None, header: dict):
 @click.option("--top", type=int, default=None, help="Print only the best N configs of each group.")
 @click.option("--flush-every", type=float, default=2.0, show_default=True, metavar="SECONDS",
               help="Save finished rows to -o at least this often.")
+@click.option("--quality", "quality", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Quality results of the trace's model (moesim emulate --grid ... -o): adds measured dppl %, and for "
+                   "policies that always fetch the first choice an estimate from the model's mass fit (marked ~).")
+@click.option("--max-dppl", type=float, default=None, metavar="X",
+              help="With --quality: rank only the configs whose dppl % (measured or estimated) is at most X.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-            reset_per_sequence, hw, model, quant, config, output, fmt, jobs, executor, top, flush_every, report_dir):
+            reset_per_sequence, hw, model, quant, config, output, fmt, jobs, executor, top, flush_every, quality,
+            max_dppl, report_dir):
     """Replay TRACE(s) through a grid of cache policies and print them ranked
     by time per token (by hit rate when the trace cannot be priced), with the
     speed-up over fetch-all, hit and substitution rates, substituted gate mass,
@@ -133,6 +139,16 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     finally:
         bar.close()
     df = out.rows
+    if quality:
+        from moesim.emulator.quality import attach_quality, read_quality, within
+
+        df = attach_quality(df, read_quality(quality))
+        if max_dppl is not None:
+            df = within(df, max_dppl)
+    elif max_dppl is not None:
+        from moesim.errors import MoesimError
+
+        raise MoesimError("--max-dppl needs --quality (measured perplexity from moesim emulate)")
     synthetic = bool(df["synthetic"].any()) if df.height else False
     header = {"traces": list(traces), "synthetic": synthetic,
               "ranked_by": sorted(set(df["ranked_by"].to_list())) if df.height else [],
