@@ -68,7 +68,7 @@ def layer_rows(meta: TraceMeta, ordinal: int, logits: np.ndarray, selected: np.n
     ranked, s_ord, w_ord = decode_scores(meta, ids, vals, bias_rows, sel, ww)
     # decode_scores ranks the selection with order_selected = rank_rows; the same permutation maps
     # each rank back to the router's output column
-    perm = gating.rank_order(sel, gating.normalize(ww))
+    perm = gating.rank_order(sel, gating.normalize(ww), ids_sorted=meta.tie_order == "stored")
     return LayerRows(s_ord.astype(np.int16), w_ord.astype(np.float32), ranked.astype(np.int16), perm)
 
 

@@ -33,7 +33,7 @@ def configs_from_grid(spec: str, budgets: list[float], slots: list[int], **scala
     ``presets`` (the named presets only) or a sweep TOML file; --budget/--slots replace its sizes."""
     import dataclasses
 
-    from moesim.simulator.grid import Grid, expand, load_toml
+    from moesim.sweeps.grid import Grid, expand, load_toml
 
     if spec == "default":
         grid = Grid()
@@ -59,7 +59,7 @@ def configs_from_grid(spec: str, budgets: list[float], slots: list[int], **scala
 
 
 def _policy_names(config: SimConfig) -> tuple[str, str]:
-    from moesim.simulator.sweep import policy_label, preset_names
+    from moesim.sweeps.run import policy_label, preset_names
 
     return policy_label(config), preset_names(config)
 
@@ -124,7 +124,7 @@ def write_quality(df, path) -> int:
     """Add rows to a quality results file (atomically; rows already there are kept). Returns the row count."""
     import polars as pl
 
-    from moesim.reports.files import write_table
+    from moesim.files import write_table
 
     if Path(path).suffix != ".parquet":
         raise MoesimError(f"{path}: quality results are written as .parquet")
@@ -215,7 +215,7 @@ def within(rows, max_dppl: float):
     """Only the rows whose dppl % (measured or estimated) is at most ``max_dppl``, re-ranked."""
     import polars as pl
 
-    from moesim.simulator.ranking import annotate
+    from moesim.sweeps.ranking import annotate
 
     kept = rows.filter(pl.col("dppl_pct").is_not_null() & (pl.col("dppl_pct") <= max_dppl))
     return annotate(kept)

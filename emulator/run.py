@@ -293,7 +293,7 @@ def emulate(model_dir: str | os.PathLike, texts, configs, *, domains=None, dtype
     that never cache anything (replay_twin) share one closed-loop pass."""
     import dataclasses
 
-    from moesim.simulator.grid import replay_twin
+    from moesim.sweeps.grid import replay_twin
     from moesim.traces.tracers.hf import load_local
 
     configs = list(configs)

@@ -66,7 +66,7 @@ def export(fig: Figure, directory: Path) -> dict[str, Path]:
     """Write ``fig`` as SVG, PNG (2x) and its Vega-Lite JSON spec; returns the paths by kind."""
     import vl_convert as vlc
 
-    from moesim.reports.files import write_text
+    from moesim.files import write_text
 
     spec = fig.spec()
     v = vl_version()

@@ -76,7 +76,7 @@ def vega_bundle(vl_version: str) -> str:
         pass
     text = vlc.javascript_bundle(vl_version=vl_version)
     try:
-        from moesim.reports.files import write_text
+        from moesim.files import write_text
 
         write_text(text, path)
     except OSError:

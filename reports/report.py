@@ -36,7 +36,7 @@ class SweepData:
 
 
 def _presets() -> dict[str, dict]:
-    from moesim.simulator.grid import PRESETS
+    from moesim.sweeps.grid import PRESETS
 
     return PRESETS
 
@@ -49,7 +49,7 @@ def load_results(path, digest: str | None = None) -> SweepData:
     ``rows`` and ``layers`` frames (a SweepOutcome of ``run_sweep`` without an output file)."""
     import polars as pl
 
-    from moesim.simulator.store import layers_path
+    from moesim.sweeps.store import layers_path
 
     if hasattr(path, "rows") and hasattr(path, "layers"):
         rows, layers, path = path.rows, path.layers, Path("(in memory)")
@@ -153,8 +153,8 @@ def hit_rate_curve(routing, sizes: list[float]):
     Returns (frame: eviction, size, hit_rate, method; a sentence saying how it was computed)."""
     import polars as pl
 
-    from moesim.simulator.mrc import DEFAULT_BUDGETS as MRC_BUDGETS
-    from moesim.simulator.mrc import mrc
+    from moesim.sweeps.mrc import DEFAULT_BUDGETS as MRC_BUDGETS
+    from moesim.sweeps.mrc import mrc
 
     grid = sorted(set(MRC_BUDGETS) | {float(b) for b in sizes})
     curve, _ = mrc(routing, allocations=["per-layer"], budgets=grid)
@@ -285,7 +285,8 @@ def _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say):
             figures.append(cs.pareto_chart(rows, synthetic=synthetic, priced_as=sweep.priced_as))
             figures.append(cs.speedup_chart(rows, synthetic=synthetic, priced_as=sweep.priced_as))
         else:
-            notes.append("the sweep is not priced (no model preset for the trace): no time or speed-up charts")
+            why = str(rows["priced_as"][0]) if "priced_as" in rows.columns else "no model preset for the trace"
+            notes.append(f"the sweep is not priced ({why}): no time or speed-up charts")
         if sweep.layers is not None:
             figures.append(cs.layer_heatmap(rows, sweep.layers, synthetic=synthetic))
         tables.append(pt.policy_table(rows, model=sweep.model, synthetic=synthetic, priced_as=sweep.priced_as))

@@ -122,9 +122,9 @@ def frame_csv(df) -> str:
 
 def frame_json(df, **header) -> str:
     """{...header, "rows": [...]} with NaN/inf as null."""
-    from moesim.cli.output import _plain
+    from moesim.jsonable import plain
 
-    return json.dumps(_plain({**header, "rows": df.to_dicts()}), indent=2)
+    return json.dumps(plain({**header, "rows": df.to_dicts()}), indent=2)
 
 
 # ---------------------------------------------------------------------------------------------- sweep tables

@@ -9,7 +9,13 @@ import numpy as np
 from moesim.simulator.config import SimConfig
 from moesim.simulator.kernel import COUNTER_NAMES
 
-COUNTERS = COUNTER_NAMES + ("mass",)
+
+@dataclass
+class Decisions:
+    """Every request's outcome in a replay recorded with ``simulate(..., record=True)``."""
+
+    outcome: np.ndarray     # int8 [steps, L, k]: policies.miss.OUTCOME_* (hit, fetch, substitute, drop, cpu); -1 pad
+    substitute: np.ndarray  # int16 [steps, L, k]: the expert run in place of a substituted request, else -1
 
 
 def rates(c: dict, steps: int) -> dict:
@@ -43,10 +49,10 @@ class SimResult:
     step_decode: np.ndarray | None = None    # [steps] step is a decode step
     warmup_steps: int = 0
     timing: dict | None = None
+    decisions: Decisions | None = None
     extra: dict = field(default_factory=dict)
-    decisions: object = None            # simulate(record=True): driver.Decisions
 
-    def attach_timing(self, cost, ram_cap: int | None = None, prefill: dict | None = None) -> None:
+    def attach_timing(self, cost, ram_cap: int | None = None) -> None:
         """Seconds per token and bytes moved, from the kernel's clock and counters."""
         steps = np.arange(len(self.token_seconds))
         counted = steps >= self.warmup_steps
@@ -78,7 +84,6 @@ class SimResult:
             "vram_bytes_free_for_experts": cost.vram_expert_slots * bpe,
             "fits_in_vram": self.slots_per_layer * len(self.layer_ids) <= cost.vram_expert_slots,
             "host_ram_tier_experts": ram_cap,  # None: every expert fits in host RAM
-            "prefill": prefill,
         }
 
     def totals(self) -> dict:
@@ -111,11 +116,6 @@ class SimResult:
             **timing,
             **self.extra,
         }
-
-    def layers_frame(self):
-        import polars as pl
-
-        return pl.DataFrame(self.layer_rows())
 
     def tokens_frame(self):
         """Per-token series (every replayed token, warm-up included)."""

@@ -193,7 +193,7 @@ def test_trace_only_report(rep, tmp_path):
 def test_results_without_their_trace(rep, tmp_path):
     """The trace moved away: the sweep's charts and the policy table only, and a note saying why."""
     from moesim.reports.report import build_report
-    from moesim.simulator.store import layers_path
+    from moesim.sweeps.store import layers_path
 
     rows = pl.read_parquet(rep["results"]).with_columns(pl.lit("gone/q30.parquet").alias("trace"))
     rows.write_parquet(tmp_path / "r.parquet")

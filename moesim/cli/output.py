@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import json
-import math
 
 import click
-import numpy as np
+
+from moesim.jsonable import plain
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                              show_default=True, help="Output format.")
 
 
-def _plain(obj):
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def echo_json(doc) -> None:
-    click.echo(json.dumps(_plain(doc), indent=2))
+    click.echo(json.dumps(plain(doc), indent=2))
 
 
 def human_bytes(n: float) -> str:

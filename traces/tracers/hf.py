@@ -37,7 +37,7 @@ def check_model_dir(model_dir: str | os.PathLike) -> dict:
                           "download the checkpoint first, moesim never reaches the hub")
     try:
         config = json.loads(cfg.read_text())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise MoesimError(f"{cfg}: not valid JSON ({exc})") from None
     families.family_of(config.get("model_type", "?"))
     return config
