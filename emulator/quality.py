@@ -8,13 +8,12 @@ drop mode); ``row_key`` = ``setup_key:config_key``.
 The mass fit: among policies that always run the router's first choice (fetch-all, threshold,
 first-choice, cpu), the perplexity increase is fitted as dppl% = b x mass per step through the
 origin (zero substituted mass changes no output), over the emulated configs with nonzero mass;
-Pearson r and n are reported with it. Sweep rows of that class without a measurement get the fit's
-value, labelled an estimate; policies that may substitute the first choice get none.
+Pearson r and n are reported with it (sweeps/quality.py gives sweep rows of that class without a
+measurement the fit's value, labelled an estimate; policies that may substitute the first choice get none).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,40 +27,10 @@ QUALITY_COLUMNS = ("row_key", "setup_key", "config_key", "ppl", "ppl_baseline", 
 MIN_FIT = 3  # fewest nonzero-mass measurements a fit is made from
 
 
-def configs_from_grid(spec: str, budgets: list[float], slots: list[int], **scalars) -> list[SimConfig]:
-    """The sweep's grid as configs: ``default`` (every eviction x miss x admission and the presets),
-    ``presets`` (the named presets only) or a sweep TOML file; --budget/--slots replace its sizes."""
-    import dataclasses
-
-    from moesim.sweeps.grid import Grid, expand, load_toml
-
-    if spec == "default":
-        grid = Grid()
-    elif spec == "presets":
-        grid = Grid(evictions=[], misses=[], admits=[None])
-    elif spec.endswith(".toml") or os.path.exists(spec):
-        grid = load_toml(spec)
-    else:
-        raise MoesimError(f"--grid takes default, presets or a sweep TOML file, got {spec!r}")
-    grid = grid.override(budgets=budgets or None, slots=slots or None)
-    grid = dataclasses.replace(grid, hws=[None], quants=[None], warm=scalars.get("warm") or grid.warm,
-                               warmup_tokens=scalars.get("warmup_tokens") or grid.warmup_tokens,
-                               reset_per_sequence=scalars.get("reset_per_sequence") or grid.reset_per_sequence)
-    out: dict[str, SimConfig] = {}
-    for p in expand(grid):
-        out.setdefault(p.config.key(), p.config)
-    bad = [c for c in out.values() if c.allocation != "per-layer" or c.batch != 1]
-    if bad:
-        from moesim.emulator.policy import check_config
-
-        check_config(bad[0])
-    return list(out.values())
-
-
-def _policy_names(config: SimConfig) -> tuple[str, str]:
-    from moesim.sweeps.run import policy_label, preset_names
-
-    return policy_label(config), preset_names(config)
+def policy_label(config: SimConfig) -> str:
+    """eviction / miss [/ admit β]: the sweep's policy column."""
+    parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
+    return " / ".join(parts)
 
 
 def quality_rows(setup, runs) -> list[dict]:
@@ -71,13 +40,12 @@ def quality_rows(setup, runs) -> list[dict]:
     for run in runs:
         c = run.config
         t, o = run.result.totals(), run.open_loop.totals()
-        policy, preset = _policy_names(c)
         rows.append({
             "row_key": f"{setup.key}:{c.key()}", "setup_key": setup.key, "config_key": c.key(),
             "model_id": setup.model_id, "family": setup.family, "text_digest": setup.text_digest,
             "dtype": setup.dtype, "device": setup.device, "window": setup.window, "layout": setup.layout,
             "candidates": setup.candidates, "drop": setup.drop, "tokens": len(run.nll),
-            "label": c.label(), "policy": policy, "preset": preset, "eviction": c.eviction, "miss": c.miss,
+            "label": c.label(), "policy": policy_label(c), "eviction": c.eviction, "miss": c.miss,
             "admit": c.admit, "budget": c.budget, "slots": c.slots, "slots_per_layer": run.result.slots_per_layer,
             "allocation": c.allocation, "warm": c.warm, "warmup_tokens": c.warmup_tokens,
             "reset_per_sequence": c.reset_per_sequence, "batch": c.batch,
@@ -176,46 +144,3 @@ def mass_fit(df, model_id: str) -> MassFit | None:
     x, y = part["mass_per_step"].to_numpy(), part["dppl_pct"].to_numpy()
     slope = float((x * y).sum() / (x * x).sum())
     return MassFit(model_id, slope, pearson(x, y), part.height)
-
-
-def attach_quality(rows, quality):
-    """Sweep rows + ``dppl_pct`` (measured where the config was emulated for the trace's model; for
-    the always-fetch-first class otherwise the mass fit's estimate), ``dppl_source`` ("measured",
-    the fit's label, or null) and ``dppl_shown`` (the table cell: "~" marks an estimate). Rows of a
-    model the quality results do not cover stay empty."""
-    import polars as pl
-
-    from moesim.emulator.run import FETCHES_FIRST
-
-    setups = quality.group_by("model_id").agg(pl.col("setup_key").n_unique().alias("n"))
-    many = setups.filter(pl.col("n") > 1)
-    if many.height:
-        raise MoesimError(f"the quality results hold several emulation setups (texts, dtype, window...) for model "
-                          f"{many['model_id'][0]}; keep one per model")
-    measured = {(r["model_id"], r["config_key"]): r["dppl_pct"] for r in quality.iter_rows(named=True)}
-    fits = {m: mass_fit(quality, m) for m in quality["model_id"].unique().to_list()}
-    vals, srcs, shown = [], [], []
-    for r in rows.iter_rows(named=True):
-        v = measured.get((r["model_id"], r["config_key"]))
-        fit = fits.get(r["model_id"])
-        if v is not None:
-            vals.append(v), srcs.append("measured"), shown.append(f"{v:+.2f}")
-        elif fit is not None and r["miss"].split(":")[0] in FETCHES_FIRST and r["mass_per_step"] is not None \
-                and math.isfinite(r["mass_per_step"]):
-            e = fit.estimate(r["mass_per_step"])
-            vals.append(e), srcs.append(fit.label()), shown.append(f"~{e:+.2f}")
-        else:
-            vals.append(None), srcs.append(None), shown.append(None)
-    return rows.with_columns(pl.Series("dppl_pct", vals, dtype=pl.Float64),
-                             pl.Series("dppl_source", srcs, dtype=pl.Utf8),
-                             pl.Series("dppl_shown", shown, dtype=pl.Utf8))
-
-
-def within(rows, max_dppl: float):
-    """Only the rows whose dppl % (measured or estimated) is at most ``max_dppl``, re-ranked."""
-    import polars as pl
-
-    from moesim.sweeps.ranking import annotate
-
-    kept = rows.filter(pl.col("dppl_pct").is_not_null() & (pl.col("dppl_pct") <= max_dppl))
-    return annotate(kept)

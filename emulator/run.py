@@ -284,35 +284,31 @@ class Emulator:
                          outcome=np.stack([d.outcome for d in decided], axis=1),
                          substitute=np.stack([d.substitute for d in decided], axis=1), logits=logits)
 
-def emulate(model_dir: str | os.PathLike, texts, configs, *, domains=None, dtype: str = "float32",
-            device: str | None = None, window: int | None = None, max_tokens: int | None = None,
-            candidates: int | None = None, dense: bool = False, drop: str = "renormalize", trace_out=None,
-            model_id: str | None = None, progress=None, skip: set[str] | None = None):
-    """Load a local checkpoint once and emulate each config; returns (Emulator, [PolicyRun]).
-    ``skip``: quality row keys (setup_key:config_key) already measured, not run again. Configs
-    that never cache anything (replay_twin) share one closed-loop pass."""
-    import dataclasses
-
-    from moesim.sweeps.grid import replay_twin
+def load_emulator(model_dir: str | os.PathLike, texts, *, domains=None, dtype: str = "float32",
+                  device: str | None = None, window: int | None = None, max_tokens: int | None = None,
+                  candidates: int | None = None, dense: bool = False, drop: str = "renormalize",
+                  model_id: str | None = None) -> Emulator:
+    """An Emulator of a local checkpoint (loaded once; run it under as many policies as needed)."""
     from moesim.traces.tracers.hf import load_local
 
+    model, tok = load_local(model_dir, dtype, device)
+    return Emulator(model, tok, texts, domains, window=window, max_tokens=max_tokens, candidates=candidates,
+                    dense=dense, drop=drop, model_dir=model_dir, model_id=model_id)
+
+
+def emulate(model_dir: str | os.PathLike, texts, configs, *, trace_out=None, progress=None, **options):
+    """Load a local checkpoint once and emulate each config; returns (Emulator, [PolicyRun]).
+    ``trace_out`` (one config only): also write its closed-loop routing as a trace. ``options``:
+    load_emulator's."""
     configs = list(configs)
     for c in configs:
         policy.check_config(c)
-    model, tok = load_local(model_dir, dtype, device)
-    em = Emulator(model, tok, texts, domains, window=window, max_tokens=max_tokens, candidates=candidates,
-                  dense=dense, drop=drop, model_dir=model_dir, model_id=model_id)
-    if skip:
-        configs = [c for c in configs if f"{em.setup.key}:{c.key()}" not in skip]
-    runs, twins = [], {}
+    if trace_out is not None and len(configs) != 1:
+        raise MoesimError("a closed-loop trace is written for one policy at a time")
+    em = load_emulator(model_dir, texts, **options)
+    runs = []
     for i, c in enumerate(configs):
-        twin = replay_twin(c)
-        if twin.key() in twins and trace_out is None:
-            runs.append(dataclasses.replace(twins[twin.key()], config=c))
-        else:
-            run = em.run(twin, trace_out=trace_out if len(configs) == 1 else None)
-            twins[twin.key()] = run
-            runs.append(dataclasses.replace(run, config=c) if twin is not c else run)
+        runs.append(em.run(c, trace_out=trace_out))
         if progress is not None:
             progress(i + 1, len(configs))
     return em, runs

@@ -58,8 +58,9 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
     Example: moesim emulate ~/.cache/moesim/demo-model --text eval_code.txt -e freq -m threshold:0.15
     --admit 0.5 -b 0.25
     """
-    from moesim.emulator.quality import configs_from_grid, quality_frame, write_quality
-    from moesim.emulator.run import emulate
+    from moesim.emulator import policy
+    from moesim.emulator.quality import existing_keys, quality_frame, read_quality, write_quality
+    from moesim.emulator.run import load_emulator
     from moesim.errors import MoesimError
     from moesim.simulator import SimConfig
 
@@ -72,50 +73,92 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
                              reset_per_sequence=reset_per_sequence,
                              **({"budget": budgets[0]} if budgets else {"slots": slot_list[0]}))]
     else:
+        if out and not out.endswith(".parquet"):
+            raise MoesimError(f"{out}: quality results are written as .parquet")
         configs = configs_from_grid(grid, budgets, slot_list, warm=warm, warmup_tokens=warmup_tokens,
                                     reset_per_sequence=reset_per_sequence)
+    for c in configs:
+        policy.check_config(c)
+    em = load_emulator(model_dir, texts, domains=list(domains) or None, dtype=dtype, device=device, window=window,
+                       max_tokens=max_tokens, candidates=candidates, dense=dense, drop=drop, model_id=model_id)
+    for c in configs:
+        c.slots_per_layer(em.meta.n_experts)
+    if grid is None:
+        run = em.run(configs[0], trace_out=out)
+        doc = run.to_dict(em.setup)
+        if fmt == "json":
+            echo_json(doc)
+        else:
+            for line in render(doc):
+                click.echo(line)
+        if out:
+            click.echo(f"wrote {out} (closed-loop routing, {doc['setup']['tokens']} tokens)", err=True)
+        return
+
+    import dataclasses
+
+    import polars as pl
+
+    from moesim.sweeps.grid import replay_twin
+    from moesim.sweeps.run import preset_names
+
+    keys = [f"{em.setup.key}:{c.key()}" for c in configs]
+    have = (existing_keys(out) or set()) if out else set()
+    todo = [c for c, k in zip(configs, keys) if k not in have]
+    runs, twins = [], {}
     bar = _Progress("emulate")
     try:
-        em, runs = emulate(model_dir, texts, configs, domains=list(domains) or None, dtype=dtype, device=device,
-                           window=window, max_tokens=max_tokens, candidates=candidates, dense=dense, drop=drop,
-                           trace_out=out if grid is None else None, model_id=model_id, progress=bar,
-                           skip=_existing(out, grid))
+        for i, c in enumerate(todo):
+            twin = replay_twin(c)   # never-cached configs run identically whatever the eviction: one pass
+            if twin.key() not in twins:
+                twins[twin.key()] = em.run(twin)
+            runs.append(dataclasses.replace(twins[twin.key()], config=c))
+            bar(i + 1, len(todo))
     finally:
         bar.close()
-    if grid is not None:
-        import polars as pl
-
-        from moesim.emulator.quality import read_quality
-
-        keys = [f"{em.setup.key}:{c.key()}" for c in configs]
-        if runs:
-            df = quality_frame(em.setup, runs)
-            if out:
-                total = write_quality(df, out)
-                click.echo(f"{len(runs)} configs emulated; {out} holds {total} rows", err=True)
-        else:
-            click.echo(f"0 configs emulated: {out} already holds every one", err=True)
-        if out:   # the grid's rows, those just computed and those already in the file
-            df = read_quality(out).filter(pl.col("row_key").is_in(keys))
-        _print_grid(df, em, fmt)
-        return
-    doc = runs[0].to_dict(em.setup)
-    if fmt == "json":
-        echo_json(doc)
+    if runs:
+        df = quality_frame(em.setup, runs)
+        df = df.with_columns(pl.Series("preset", [preset_names(r.config) for r in runs], dtype=pl.Utf8))
+        if out:
+            total = write_quality(df, out)
+            click.echo(f"{len(runs)} configs emulated; {out} holds {total} rows", err=True)
     else:
-        for line in render(doc):
-            click.echo(line)
-    if out:
-        click.echo(f"wrote {out} (closed-loop routing, {doc['setup']['tokens']} tokens)", err=True)
+        click.echo(f"0 configs emulated: {out} already holds every one", err=True)
+    if out:   # the grid's rows: those just computed and those already in the file
+        df = read_quality(out).filter(pl.col("row_key").is_in(keys))
+    _print_grid(df, em, fmt)
 
 
-def _existing(out, grid):
-    """Row keys already in a quality results file (--grid -o): not recomputed."""
-    if grid is None or not out:
-        return None
-    from moesim.emulator.quality import existing_keys
+def configs_from_grid(spec: str, budgets: list[float], slots: list[int], **scalars):
+    """The sweep's grid as configs: ``default`` (every eviction x miss x admission and the presets),
+    ``presets`` (the named presets only) or a sweep TOML file; --budget/--slots replace its sizes."""
+    import dataclasses
+    import os
 
-    return existing_keys(out)
+    from moesim.errors import MoesimError
+    from moesim.sweeps.grid import Grid, expand, load_toml
+
+    if spec == "default":
+        grid = Grid()
+    elif spec == "presets":
+        grid = Grid(evictions=[], misses=[], admits=[None])
+    elif spec.endswith(".toml") or os.path.exists(spec):
+        grid = load_toml(spec)
+    else:
+        raise MoesimError(f"--grid takes default, presets or a sweep TOML file, got {spec!r}")
+    grid = grid.override(budgets=budgets or None, slots=slots or None)
+    grid = dataclasses.replace(grid, hws=[None], quants=[None], warm=scalars.get("warm") or grid.warm,
+                               warmup_tokens=scalars.get("warmup_tokens") or grid.warmup_tokens,
+                               reset_per_sequence=scalars.get("reset_per_sequence") or grid.reset_per_sequence)
+    out: dict = {}
+    for p in expand(grid):
+        out.setdefault(p.config.key(), p.config)
+    bad = [c for c in out.values() if c.allocation != "per-layer" or c.batch != 1]
+    if bad:
+        from moesim.emulator.policy import check_config
+
+        check_config(bad[0])
+    return list(out.values())
 
 
 class _Progress:

@@ -129,7 +129,8 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
         bar.close()
     df = out.rows
     if quality:
-        from moesim.emulator.quality import attach_quality, read_quality, within
+        from moesim.emulator.quality import read_quality
+        from moesim.sweeps.quality import attach_quality, within
 
         df = attach_quality(df, read_quality(quality))
         if max_dppl is not None:
