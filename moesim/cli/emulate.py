@@ -8,6 +8,8 @@ from moesim.cli.output import echo_json
 from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
 from moesim.cli.trace import CANDIDATES, DENSE, DOMAINS, MAX_TOKENS, TEXTS
 
+FLUSH_SECONDS = 30.0
+
 
 @click.command("emulate")
 @click.argument("model_dir", type=click.Path(file_okay=False, path_type=str))
@@ -96,6 +98,7 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
         return
 
     import dataclasses
+    import time
 
     import polars as pl
 
@@ -105,8 +108,19 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
     keys = [f"{em.setup.key}:{c.key()}" for c in configs]
     have = (existing_keys(out) or set()) if out else set()
     todo = [c for c, k in zip(configs, keys) if k not in have]
-    runs, twins = [], {}
+    runs, twins, saved = [], {}, 0
     bar = _Progress("emulate")
+
+    def flush():
+        """Save the rows computed so far: an interrupted grid resumes where it stopped."""
+        nonlocal saved
+        if out and len(runs) > saved:
+            df = quality_frame(em.setup, runs[saved:])
+            df = df.with_columns(pl.Series("preset", [preset_names(r.config) for r in runs[saved:]], dtype=pl.Utf8))
+            write_quality(df, out)
+            saved = len(runs)
+
+    last = time.monotonic()
     try:
         for i, c in enumerate(todo):
             twin = replay_twin(c)   # never-cached configs run identically whatever the eviction: one pass
@@ -114,16 +128,17 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
                 twins[twin.key()] = em.run(twin)
             runs.append(dataclasses.replace(twins[twin.key()], config=c))
             bar(i + 1, len(todo))
+            if time.monotonic() - last > FLUSH_SECONDS:
+                flush()
+                last = time.monotonic()
     finally:
         bar.close()
-    if runs:
-        df = quality_frame(em.setup, runs)
+        flush()
+    if out:
+        click.echo(f"{len(runs)} configs emulated; {out} holds {read_quality(out).height} rows", err=True)
+    df = quality_frame(em.setup, runs) if runs else None
+    if df is not None:
         df = df.with_columns(pl.Series("preset", [preset_names(r.config) for r in runs], dtype=pl.Utf8))
-        if out:
-            total = write_quality(df, out)
-            click.echo(f"{len(runs)} configs emulated; {out} holds {total} rows", err=True)
-    else:
-        click.echo(f"0 configs emulated: {out} already holds every one", err=True)
     if out:   # the grid's rows: those just computed and those already in the file
         df = read_quality(out).filter(pl.col("row_key").is_in(keys))
     _print_grid(df, em, fmt)
