@@ -7,7 +7,8 @@ drop mode); ``row_key`` = ``setup_key:config_key``.
 
 The mass fit: among policies that always run the router's first choice (fetch-all, threshold,
 first-choice, cpu), the perplexity increase is fitted as dppl% = b x mass per step through the
-origin (zero substituted mass changes no output), over the emulated configs with nonzero mass;
+origin (zero substituted mass changes no output), over the emulated configs with nonzero mass at
+the same cache size (all of the model's sizes when that one has fewer than 3);
 Pearson r and n are reported with it (sweeps/quality.py gives sweep rows of that class without a
 measurement the fit's value, labelled an estimate; policies that may substitute the first choice get none).
 """
@@ -112,12 +113,14 @@ class MassFit:
     slope: float        # dppl % per unit of mass per step
     r: float            # Pearson r of (mass per step, dppl %) over the points
     n: int
+    size: str = "all cache sizes"   # the cache size the points share, or all of the model's
 
     def estimate(self, mass_per_step: float) -> float:
         return self.slope * mass_per_step
 
     def label(self) -> str:
-        return f"estimate: {self.slope:.3g} x mass/step, fit on n={self.n} measured configs (r={self.r:.2f})"
+        return (f"estimate: {self.slope:.3g} x mass/step, fit on n={self.n} measured configs at {self.size} "
+                f"(r={self.r:.2f})")
 
 
 def pearson(x, y) -> float:
@@ -137,10 +140,24 @@ def class_stats(df) -> dict[bool, dict]:
     return out
 
 
-def mass_fit(df, model_id: str) -> MassFit | None:
-    part = df.filter((df["model_id"] == model_id) & df["fetches_first"] & (df["mass_per_step"] > 0))
+def size_label(budget, slots) -> str:
+    return f"budget {budget:g}" if budget is not None else f"{slots} slots per layer"
+
+
+def mass_fit(df, model_id: str, budget: float | None = None, slots: int | None = None) -> MassFit | None:
+    """The fit for a model at one cache size (the slope depends on it: a smaller cache substitutes
+    more often in the same layers); from all the model's sizes when that size has too few points."""
+    import polars as pl
+
+    part = df.filter((pl.col("model_id") == model_id) & pl.col("fetches_first") & (pl.col("mass_per_step") > 0))
+    size = "all cache sizes"
+    if budget is not None or slots is not None:
+        same = part.filter(pl.col("budget") == budget) if budget is not None else \
+            part.filter(pl.col("budget").is_null() & (pl.col("slots") == slots))
+        if same.height >= MIN_FIT:
+            part, size = same, size_label(budget, slots)
     if part.height < MIN_FIT:
         return None
     x, y = part["mass_per_step"].to_numpy(), part["dppl_pct"].to_numpy()
     slope = float((x * y).sum() / (x * x).sum())
-    return MassFit(model_id, slope, pearson(x, y), part.height)
+    return MassFit(model_id, slope, pearson(x, y), part.height, size)

@@ -228,7 +228,7 @@ def _quality_figures(quality, notes: list[str]) -> list:
     """dppl against substituted mass per policy class, one chart per model in the quality results."""
     import polars as pl
 
-    from moesim.emulator.quality import class_stats
+    from moesim.emulator.quality import class_stats, size_label
     from moesim.reports.charts_quality import mass_dppl_chart
 
     figs = []
@@ -242,6 +242,13 @@ def _quality_figures(quality, notes: list[str]) -> list:
         notes.append(f"{model}: dppl vs mass, Pearson r {stats[True]['r']:.3f} (n={stats[True]['n']}) among policies "
                      f"that always fetch the first choice, {stats[False]['r']:.3f} (n={stats[False]['n']}) among "
                      "those that may substitute it")
+        sizes = part.select("budget", "slots").unique(maintain_order=True)
+        if sizes.height > 1:
+            for b, sl in sizes.iter_rows():
+                one = part.filter(pl.col("budget") == b) if b is not None else part.filter(pl.col("slots") == sl)
+                st = class_stats(one)
+                notes.append(f"{model} at {size_label(b, sl)}: r {st[True]['r']:.3f} (n={st[True]['n']}) fetching the "
+                             f"first choice, {st[False]['r']:.3f} (n={st[False]['n']}) substituting it")
     return figs
 
 

@@ -30,11 +30,14 @@ def attach_quality(rows, quality):
         raise MoesimError(f"the quality results hold several emulation setups (texts, dtype, window...) for model "
                           f"{many['model_id'][0]}; keep one per model")
     measured = {(r["model_id"], r["config_key"]): r["dppl_pct"] for r in quality.iter_rows(named=True)}
-    fits = {m: mass_fit(quality, m) for m in quality["model_id"].unique().to_list()}
+    fits: dict = {}
     vals, srcs, shown = [], [], []
     for r in rows.iter_rows(named=True):
         v = measured.get((r["model_id"], r["config_key"]))
-        fit = fits.get(r["model_id"])
+        fk = (r["model_id"], r["budget"], r["slots"])
+        if fk not in fits:
+            fits[fk] = mass_fit(quality, r["model_id"], r["budget"], r["slots"])
+        fit = fits[fk]
         if v is not None:
             vals.append(v), srcs.append("measured"), shown.append(f"{v:+.2f}")
         elif fit is not None and r["miss"].split(":")[0] in FETCHES_FIRST and r["mass_per_step"] is not None \
