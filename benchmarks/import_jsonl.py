@@ -68,7 +68,8 @@ def main():
     baseline(src)
     t_base = time.perf_counter() - t
     print(res.summary())
-    print(f"baseline (json.loads + lists, no checks, no output): {t_base:6.2f} s ({records / t_base / 1e3:6.0f} k rec/s)")
+    print(f"baseline (json.loads + lists, no checks, no output): {t_base:6.2f} s "
+          f"({records / t_base / 1e3:6.0f} k rec/s)")
     print(f"moesim import jsonl (parse, check, write Parquet):   {t_imp:6.2f} s ({records / t_imp / 1e3:6.0f} k rec/s)"
           f" = {t_base / t_imp:.2f}x the baseline's speed; the import's peak RSS grew "
           f"{max(0, rss1 - rss0) / 1024:.0f} MB")

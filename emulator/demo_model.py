@@ -29,6 +29,7 @@ import sysconfig
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moesim" / "demo-model"
 DOMAINS = ("code", "docs", "legal")
@@ -36,7 +37,7 @@ HELD_OUT = 8          # a file is held out for evaluation when crc32(name) % HEL
 EVAL_CHARS = 60_000   # characters of each domain's evaluation text
 CAP_CHARS = 3_000_000  # training characters kept per domain (the largest source is capped)
 
-CONFIG = dict(num_hidden_layers=6, hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+CONFIG: dict[str, Any] = dict(num_hidden_layers=6, hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
               num_experts=32, num_experts_per_tok=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
               max_position_embeddings=1024, norm_topk_prob=True, tie_word_embeddings=True, rms_norm_eps=1e-6,
               router_aux_loss_coef=0.01, output_router_logits=True, mlp_only_layers=[], decoder_sparse_step=1)

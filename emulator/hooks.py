@@ -67,7 +67,7 @@ class RouterTaps:
         self.routers = routers
         self.n_experts = n_experts
         self.handler = handler
-        self.handles = []
+        self.handles: list = []
 
     def __enter__(self):
         for ordinal, layer in enumerate(sorted(self.routers)):

@@ -44,6 +44,7 @@ def decide_layer(routing: Routing, config: SimConfig) -> LayerDecisions:
         raise MoesimError("decide_layer takes the routing of one MoE layer")
     res = simulate(routing, config, record=True)
     d = res.decisions
+    assert d is not None  # record=True always keeps them
     return LayerDecisions(np.asarray(d.outcome)[:, 0, :], np.asarray(d.substitute)[:, 0, :], res)
 
 

@@ -9,8 +9,7 @@ eviction), ``score`` its decayed router-request score (kept only for USES_SCORE 
 import numpy as np
 from numba import njit
 
-from moesim.policies.structures import (CAP, CNT, HBASE, HK1, HK2, HOBJ, HPOS, HSIZE, NREQ, RES, SCORE, SIZE,
-                                         heap_fix)
+from moesim.policies.structures import CAP, CNT, HBASE, HK1, HK2, HOBJ, HPOS, HSIZE, NREQ, RES, SCORE, SIZE, heap_fix
 
 
 def hooks(priority):

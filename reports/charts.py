@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from moesim.errors import MoesimError
 
@@ -26,7 +27,7 @@ class Figure:
     """One chart of a report: a file stem, the Altair chart and a sentence saying what it shows."""
 
     name: str
-    chart: object
+    chart: Any  # an Altair chart
     caption: str
     notes: list[str] = field(default_factory=list)
     _spec: dict | None = field(default=None, repr=False)

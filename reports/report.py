@@ -14,6 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from moesim.errors import MoesimError
 
@@ -24,8 +25,8 @@ DEFAULT_BUDGETS = (0.125, 0.25, 0.5)
 
 @dataclass
 class SweepData:
-    rows: object          # polars: one row per config (normalized, see load_results)
-    layers: object        # polars: one row per config x layer (row_key, layer, hit_rate, ...)
+    rows: Any             # polars: one row per config (normalized, see load_results)
+    layers: Any           # polars: one row per config x layer (row_key, layer, hit_rate, ...)
     path: Path
     trace: str | None     # the trace path the sweep recorded
     digest: str
@@ -82,15 +83,18 @@ def load_results(path, digest: str | None = None) -> SweepData:
         raise MoesimError(f"{path}: holds results of {len(digests)} traces ({', '.join(map(str, names))}); "
                           "pick one with --trace")
     digest = rows["trace_digest"][0]
-    # One machine/model/quantization per report: times of different machines do not share an axis.
-    costs = rows.group_by("cost_key", maintain_order=True).len().sort("len", descending=True, maintain_order=True)
+    # One machine/model/quantization per report: times of different machines do not share an axis. (Engine
+    # profiles may differ within it: the llama.cpp preset is priced as llama.cpp runs.)
+    machine = pl.concat_str([pl.col("model"), pl.col("quant"), pl.col("hw")], separator="/", ignore_nulls=True)
+    rows = rows.with_columns(machine.alias("_machine"))
+    costs = rows.group_by("_machine", maintain_order=True).len().sort("len", descending=True, maintain_order=True)
     if costs.height > 1:
-        keep = costs["cost_key"][0]
-        dropped = sorted(set(rows.filter(pl.col("cost_key") != keep)["priced_as"].to_list()))
-        rows = rows.filter(pl.col("cost_key") == keep)
+        keep = costs["_machine"][0]
+        dropped = sorted(set(rows.filter(pl.col("_machine") != keep)["priced_as"].to_list()))
+        rows = rows.filter(pl.col("_machine") == keep)
         notes.append(f"the results also hold configs priced as {'; '.join(map(str, dropped))}; this report shows "
                      f"{rows['priced_as'][0]} only")
-    rows = rows.with_columns(
+    rows = rows.drop("_machine").with_columns(
         pl.col("budget").alias("size"),
         pl.when(pl.col("budget").is_not_null())
         .then(pl.format("budget {}%", (100 * pl.col("budget")).round(4).cast(pl.Utf8).str.replace(r"\.0$", "")))
@@ -195,7 +199,7 @@ def build_report(out: str | os.PathLike, *, results=None,
     synthetic = bool((routing is not None and routing.synthetic) or (sweep is not None and sweep.synthetic))
     qual = _load_quality(quality) if quality is not None else None
     model = routing.meta.model_id if routing is not None else (sweep.model if sweep is not None else
-                                                               qual["model_id"][0])
+                                                               qual["model_id"][0] if qual is not None else "")
     if budgets is None:
         budgets = _budget_sizes(sweep, routing)
     budgets = sorted({float(b) for b in budgets})
@@ -231,7 +235,7 @@ def _quality_figures(quality, notes: list[str]) -> list:
     from moesim.emulator.quality import class_stats, size_label
     from moesim.reports.charts_quality import mass_dppl_chart
 
-    figs = []
+    figs: list = []
     for model in quality["model_id"].unique(maintain_order=True).to_list():
         part = quality.filter(pl.col("model_id") == model)
         stats = class_stats(part)
@@ -349,7 +353,8 @@ def _write(tmp: Path, out: Path, figures, tables, *, sweep, routing, model, synt
     from moesim.reports.html import render_page
 
     say(f"exporting {len(figures)} charts (SVG, PNG)")
-    fig_docs, files = [], {"charts": {}, "tables": {}}
+    fig_docs: list[dict] = []
+    files: dict[str, dict[str, dict[str, str]]] = {"charts": {}, "tables": {}}
     for fig in figures:
         paths = export(fig, tmp / "charts")
         rel = {k: str(p.relative_to(tmp)) for k, p in paths.items()}
@@ -358,9 +363,9 @@ def _write(tmp: Path, out: Path, figures, tables, *, sweep, routing, model, synt
                          "files": {"PNG": rel["png"], "SVG": rel["svg"], "Vega-Lite": rel["spec"]}})
     tab_docs = []
     for t in tables:
-        paths = {k: str(p.relative_to(tmp)) for k, p in t.write(tmp / "tables").items()}
-        files["tables"][t.name] = paths
-        tab_docs.append({"title": t.title, "caption": t.caption, "table": t.table(), "files": paths})
+        tab_paths = {k: str(p.relative_to(tmp)) for k, p in t.write(tmp / "tables").items()}
+        files["tables"][t.name] = tab_paths
+        tab_docs.append({"title": t.title, "caption": t.caption, "table": t.table(), "files": tab_paths})
     meta_rows = [("model", model), ("data", "SYNTHETIC trace (generated, not recorded from the model)"
                                     if synthetic else "real (recorded routing)")]
     if routing is not None:

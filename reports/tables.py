@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 SYNTHETIC_TAG = "SYNTHETIC trace"
 
@@ -208,7 +208,7 @@ def sweep_tables(df, top: int | None = None) -> list[Table]:
 
 def mrc_tables(df, slots: list[int] | None = None) -> list[Table]:
     """Hit rate (%) per cache size (rows) and eviction policy (columns), one table per allocation."""
-    tables = []
+    tables: list[Table] = []
     if df.height == 0:
         return tables
     first = df.row(0, named=True)

@@ -14,9 +14,20 @@ from moesim.policies.static import most_requested
 from moesim.policies.structures import N_FO, N_OB, new_pools
 from moesim.simulator.batch import batch_routing
 from moesim.simulator.config import SimConfig
-from moesim.simulator.kernel import (N_COSTS, N_COUNTERS, S_COPY_NVME, S_COPY_RAM, S_CPU_HANDOFF, S_CPU_NVME,
-                                     S_CPU_RAM, S_DENSE_LAYER, S_EXPERT_VRAM, S_FETCH_NVME, S_FETCH_RAM,
-                                     S_WRITEBACK)
+from moesim.simulator.kernel import (
+    N_COSTS,
+    N_COUNTERS,
+    S_COPY_NVME,
+    S_COPY_RAM,
+    S_CPU_HANDOFF,
+    S_CPU_NVME,
+    S_CPU_RAM,
+    S_DENSE_LAYER,
+    S_EXPERT_VRAM,
+    S_FETCH_NVME,
+    S_FETCH_RAM,
+    S_WRITEBACK,
+)
 from moesim.traces.routing import Routing
 
 

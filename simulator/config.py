@@ -101,6 +101,7 @@ class SimConfig:
             if self.slots > n_experts:
                 raise MoesimError(f"slots per layer must be at most E={n_experts}, got {self.slots}")
             return self.slots
+        assert self.budget is not None  # exactly one of slots and budget (checked on construction)
         n = slots_for_budget(self.budget, n_experts)
         if n < 1:
             raise MoesimError(f"budget {self.budget:g} of E={n_experts} experts gives {n} slots per layer; "

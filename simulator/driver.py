@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -35,7 +34,7 @@ def simulate(routing: Routing | str | os.PathLike, config: SimConfig | None = No
             raise MoesimError(f"bad simulation option ({exc})") from None
     elif kwargs:
         raise MoesimError("give either a SimConfig or keyword options, not both")
-    if isinstance(routing, (str, Path)):
+    if not isinstance(routing, Routing):
         routing = load_routing(routing)
     if config.warmup_tokens >= routing.n_tokens:
         raise MoesimError(f"warmup_tokens={config.warmup_tokens} leaves none of the trace's "

@@ -7,12 +7,31 @@ and converts is simulator.driver.simulate. The semantics are in docs/replay-sema
 tests/reference_replay.py is the slow reference this kernel must match count for count.
 """
 
-import numpy as np
 from numba import njit
 
 from moesim.policies import miss, registry
-from moesim.policies.structures import (ACC, CAP, HEAD, HPOS, MARK, NREQ, QUEUED, RES, RNXT, RPRV, RRES, SCORE,
-                                        SIZE, TAIL, list_clear, N_LISTS, X0, CNT, HSIZE, LST)
+from moesim.policies.structures import (
+    ACC,
+    CAP,
+    CNT,
+    HEAD,
+    HPOS,
+    HSIZE,
+    LST,
+    MARK,
+    N_LISTS,
+    NREQ,
+    QUEUED,
+    RES,
+    RNXT,
+    RPRV,
+    RRES,
+    SCORE,
+    SIZE,
+    TAIL,
+    X0,
+    list_clear,
+)
 from moesim.traces.derived import NEVER
 
 # counter columns (per layer and per token)
@@ -45,14 +64,14 @@ def _tick(pos, E, k):
 # The replay kernel and its helpers are compiled without NRT (the builder allocates every array):
 # with NRT, each use of an array in an inlined helper or each call increfs and decrefs it atomically,
 # which made replay ~10x slower.
-@njit(_nrt=False)
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def _admit(code, prm, pool, o, tick, ob, fo, po, heap):
     """Make o resident in its pool through the eviction's insert hook. Returns the victim, -1 when
     nothing left the pool, registry.NOT_ADMITTED when the policy refused o."""
     return registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
 
 
-@njit(_nrt=False)
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def _from_nvme(o, ram, ob, po):
     """Read o from host memory: True when it must first come from NVMe (a host-RAM tier
     miss, which then caches it, evicting the least recently used)."""
@@ -102,7 +121,7 @@ def _ram_unlink(ob, po, ram, o):
         po[ram, TAIL] = p
 
 
-@njit(_nrt=False)
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def _reset(policy, setup, E, ob, fo, po, heap, qhl):
     """Empty every pool and copy queue, then pin the static set or pre-fill the warm
     set; the host-RAM tier starts with ram_warm (least recently used first)."""
@@ -136,7 +155,7 @@ def _reset(policy, setup, E, ob, fo, po, heap, qhl):
         _from_nvme(setup.ram_warm[i], ram, ob, po)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False)  # type: ignore[call-overload]
 def replay(steps, policy, setup, state, out):
     """Replay every (token, layer) step (simulator/args.py names every array); add counters into
     out.layer_counts/layer_mass (tokens from policy.warmup_tokens on) and out.tok_counts/tok_mass/

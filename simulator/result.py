@@ -43,10 +43,10 @@ class SimResult:
     trace_digest: str = ""
     synthetic: bool = False
     replay_seconds: float = 0.0
-    token_seconds: np.ndarray | None = None  # [steps] simulated seconds per step (zeros without a cost model)
-    token_stall: np.ndarray | None = None    # [steps] seconds a step waited for the link
-    step_members: np.ndarray | None = None   # [steps] tokens decoded per step (the batch's live members)
-    step_decode: np.ndarray | None = None    # [steps] step is a decode step
+    token_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [steps] simulated seconds per step
+    token_stall: np.ndarray = field(default_factory=lambda: np.zeros(0))    # [steps] seconds waiting for the link
+    step_members: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [steps] tokens per step
+    step_decode: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))   # [steps] a decode step
     warmup_steps: int = 0
     timing: dict | None = None
     decisions: Decisions | None = None
@@ -87,7 +87,7 @@ class SimResult:
         }
 
     def totals(self) -> dict:
-        c = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts.sum(axis=0))}
+        c: dict[str, float] = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts.sum(axis=0))}
         c["mass"] = float(self.mass.sum())
         steps = self.counted_tokens * len(self.layer_ids)
         return {**c, **rates(c, steps)}
@@ -95,7 +95,7 @@ class SimResult:
     def layer_rows(self) -> list[dict]:
         rows = []
         for i, layer in enumerate(self.layer_ids):
-            c = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts[i])}
+            c: dict[str, float] = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts[i])}
             c["mass"] = float(self.mass[i])
             rows.append({"layer": int(layer), **c, **rates(c, self.counted_tokens)})
         return rows

@@ -4,10 +4,12 @@ arrays copy-on-write, or as Ray tasks. Workers return plain Python values (polar
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from moesim.errors import MoesimError
 from moesim.simulator import SimConfig, simulate
@@ -132,8 +134,8 @@ def _ray(tasks, jobs: int | None, routings, costs):
     started = False
     if not ray.is_initialized():
         # RAY_ADDRESS (or a running `ray start` head) is honoured; otherwise a local cluster starts here
-        kwargs = {"num_cpus": jobs} if jobs and not os.environ.get("RAY_ADDRESS") else {}
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", **kwargs)
+        kwargs: dict[str, Any] = {"num_cpus": jobs} if jobs and not os.environ.get("RAY_ADDRESS") else {}
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, **kwargs)
         started = True
     try:
         remote = ray.remote(_ray_batch)

@@ -15,6 +15,7 @@ class TraceEntry:
 
     def __init__(self, source, name: str):
         self.name = name
+        self._routing: Routing | None
         if isinstance(source, Routing):
             self._routing, self.meta, self.digest = source, source.meta, source.digest
         else:

@@ -13,7 +13,6 @@ Other evictions have no inclusion property: they are replayed on a grid of sizes
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np

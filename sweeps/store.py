@@ -16,6 +16,7 @@ from moesim.files import write_table
 from moesim.sweeps.ranking import annotate
 from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame, polars_schema
 
+
 def layers_path(path: str | os.PathLike) -> Path:
     """results.parquet -> results.layers.parquet"""
     p = Path(path)

@@ -6,7 +6,6 @@ requests so far. Written independently of moesim.emulator: its own router hook, 
 from __future__ import annotations
 
 import numpy as np
-
 from reference_replay import reference_replay
 
 CODES = {"hit": 0, "fetch": 1, "substitute": 2, "drop": 3, "cpu": 4}

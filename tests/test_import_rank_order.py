@@ -63,7 +63,8 @@ def test_tie_order_only_changes_ties(tmp_path):
     for order in ("lower_id", "stored"):
         with TraceWriter(tmp_path / f"{order}.parquet", meta.replace(tie_order=order), selected=True,
                          weights=True) as w:
-            w.write(seq=np.zeros(3, dtype=int), pos=np.arange(3), layer=0, top_ids=sel, top_logits=np.log(wts), lse=0.0, selected=sel,
+            w.write(seq=np.zeros(3, dtype=int), pos=np.arange(3), layer=0, top_ids=sel, top_logits=np.log(wts),
+                    lse=0.0, selected=sel,
                     weights=wts)
         out[order] = load_routing(tmp_path / f"{order}.parquet")
     assert out["lower_id"].sel[:, 0].tolist() == [[3, 7], [1, 5], [2, 6]]

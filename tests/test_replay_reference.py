@@ -7,9 +7,8 @@ import pytest
 from reference_replay import COUNTERS, random_routing_arrays, reference_replay
 from replay_helpers import make_routing, seeded_rng
 
-from moesim.simulator import SimConfig, simulate
-
 from moesim.policies import registry
+from moesim.simulator import SimConfig, simulate
 
 EVICTIONS = registry.names()
 MISSES = ["fetch-all", "threshold:0.3", "first-choice", "substitute", "drop", "cpu"]

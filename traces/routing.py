@@ -162,7 +162,6 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
     dense = meta.layout == "dense"
     bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
-    stored = meta.tie_order == "stored"
     cols = (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
     start = 0
     for batch in tf.iter_batches(cols):
@@ -319,6 +318,7 @@ def _scores(batch: pa.RecordBatch, meta: TraceMeta, path: Path) -> tuple[np.ndar
     if not np.isfinite(vals).all():
         raise MoesimError(f"{path}: column {name} holds NaN or infinite scores")
     if meta.layout == "sparse":
+        assert lse_np is not None  # read and checked above
         # The log-sum-exp over all E logits is at least the largest of them (float32 slack).
         top = vals.max(axis=1)
         low = lse_np < top - 1e-4 * np.maximum(1.0, np.abs(top))

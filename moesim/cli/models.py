@@ -53,14 +53,14 @@ def models_list(fmt):
 @FORMAT_OPTION
 def models_show(name, quants, fmt):
     """Show preset NAME (or a TOML file): geometry, parameters by group, bytes per expert and per decoded token."""
-    from moesim.costmodel.models import QUANT_SCHEMES, load_model
+    from moesim.costmodel.models import load_model
 
     m = load_model(name)
     s = m.summary()
     if quants:
         for q in quants:
-            if q not in QUANT_SCHEMES:
-                raise MoesimError(f"unknown quantization {q!r} (known: {', '.join(QUANT_SCHEMES)})")
+            if q not in m.quant_names():
+                raise MoesimError(f"unknown quantization {q!r} (known: {', '.join(m.quant_names())})")
         for key, fn in (("bytes_per_expert", m.bytes_per_expert), ("dense_bytes_per_token", m.dense_bytes_per_token),
                         ("active_bytes_per_token", m.active_bytes_per_token),
                         ("expert_bytes_total", m.expert_bytes_total), ("file_bytes", m.file_bytes)):
@@ -72,7 +72,8 @@ def models_show(name, quants, fmt):
     a = dict(s["attention"])
     echo_kv([
         ("name", f"{s['name']} ({s['hf_id']})"), ("family", s["family"]), ("source", s["source"]),
-        ("layers", f"{s['layers']} ({s['moe_layers']} MoE" + (f", dense {s['dense_layers']}" if s["dense_layers"] else "") + ")"),
+        ("layers", f"{s['layers']} ({s['moe_layers']} MoE"
+                   + (f", dense {s['dense_layers']}" if s["dense_layers"] else "") + ")"),
         ("experts", f"{s['experts']} routed, top-{s['top_k']}, {s['shared_experts']} shared; gating {s['gating']}"),
         ("hidden / expert FFN", f"{s['hidden_size']} / {s['moe_intermediate_size']}"),
         ("vocabulary", s["vocab_size"]),

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import click
 
+from moesim.cli.output import Progress
 from moesim.cli.simulate import EVICTION_HELP
+from moesim.cli.sweep import FORMAT
 from moesim.policies import registry
-from moesim.cli.sweep import FORMAT, Progress
 
 
 @click.command("mrc")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--eviction", "-e", multiple=True,
-              help=EVICTION_HELP + f" Repeat for several (default: {', '.join(registry.default_evictions())}). LRU is computed in one "
-                                   "stack-distance pass at every size; the others are replayed on the size grid.")
+              help=EVICTION_HELP + f" Repeat for several (default: {', '.join(registry.default_evictions())}). "
+                                   "LRU is computed in one stack-distance pass at every size; the others are "
+                                   "replayed on the size grid.")
 @click.option("--allocation", multiple=True, type=click.Choice(["per-layer", "global"]),
               help="Cache per layer and/or one pool shared by all layers (default: both).")
 @click.option("--slots-grid", default=None, metavar="N,N,...|START:STOP:STEP",

@@ -45,6 +45,9 @@ def cost_options(f):
         click.option("--model", default=None,
                      help="Model preset or TOML file (default: the preset matching the trace's model)."),
         click.option("--quant", default=None, help="Quantization: bf16, q8_0, q4_k_m, ... (default: native)."),
+        click.option("--engine", default=None,
+                     help="Engine profile that prices the replay: ideal (default), llama.cpp, mixtral-offloading, "
+                          "ktransformers, or a TOML file."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -68,7 +71,7 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
                    "Parquet file.")
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, hw, model, quant, per_token, fmt):
+            batch, hw, model, quant, engine, per_token, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine (with the speed-up over fetch-all with the same eviction
@@ -81,7 +84,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
 
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch)
-    one = simulate_one(trace, config, hw=hw, model=model, quant=quant)
+    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine)
     result = one.result
     if per_token:
         from moesim.files import write_table
@@ -110,7 +113,8 @@ def render(doc: dict) -> list[str]:
         f"requests    {t['requests']:,} over {doc['counted_tokens']:,} tokens",
         f"hit rate    {100 * t['hit_rate']:.2f}%   misses {t['misses']:,} = fetches {t['fetches']:,} + "
         f"substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}",
-        f"substituted {100 * t['substitution_rate']:.2f}% of requests, first choices {t['first_choice_substitutions']:,}"
+        f"substituted {100 * t['substitution_rate']:.2f}% of requests, "
+        f"first choices {t['first_choice_substitutions']:,}"
         f", mass per step {t['mass_per_step']:.4f}",
         f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
     ]
@@ -118,7 +122,8 @@ def render(doc: dict) -> list[str]:
         tm = doc["timing"]
         by = tm["bytes_per_token"]
         lines += [
-            f"time        {1e3 * tm['s_per_token']:.2f} ms/token ({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
+            f"time        {1e3 * tm['s_per_token']:.2f} ms/token "
+            f"({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
             f"{_times(doc['speedup_vs_fetch_all'])} fetch-all; {doc['priced_as']}",
             f"moved/token link {by['link_sync'] / 1e6:.1f} MB sync + {by['link_background'] / 1e6:.1f} MB background, "
             f"NVMe {by['nvme'] / 1e6:.1f} MB, CPU {by['cpu'] / 1e6:.1f} MB",

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
+from moesim.cli.output import Progress
 from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
 from moesim.policies import miss as miss_policies
 from moesim.policies import registry
@@ -13,29 +12,6 @@ from moesim.policies import registry
 TABLE_FORMATS = ["table", "json", "csv", "markdown", "latex"]
 FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default="table", show_default=True,
                       help="table: ranked terminal table; json/csv: the result rows; markdown/latex: paper tables.")
-
-
-class Progress:
-    """A progress bar on stderr when it is a terminal; nothing when piped."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.bar = None
-        self.shown = 0
-
-    def __call__(self, done: int, total: int):
-        if not sys.stderr.isatty() or total == 0:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True)
-            self.bar.__enter__()
-        self.bar.update(done - self.shown)
-        self.shown = done
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
 
 
 def print_results(df, fmt: str, top: int | None, header: dict):
@@ -77,6 +53,9 @@ def print_results(df, fmt: str, top: int | None, header: dict):
                                           "(default rtx3090-pcie4).")
 @click.option("--model", default=None, help="Model preset or TOML file (default: the trace's model).")
 @click.option("--quant", multiple=True, help="Quantization(s): bf16, q8_0, q4_k_m, ... (default: native).")
+@click.option("--engine", default=None,
+              help="Engine profile pricing the grid: ideal (default), llama.cpp, mixtral-offloading, ktransformers or "
+                   "a TOML file. The llama.cpp preset is always priced with the llama.cpp profile.")
 @click.option("--config", "config", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="TOML file declaring the grid (docs/sweep.md); flags given here replace its axes.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
@@ -98,8 +77,8 @@ def print_results(df, fmt: str, top: int | None, header: dict):
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-            reset_per_sequence, hw, model, quant, config, output, fmt, jobs, executor, top, flush_every, quality,
-            max_dppl, report_dir):
+            reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, flush_every,
+            quality, max_dppl, report_dir):
     """Replay TRACE(s) through a grid of cache policies and print them ranked
     by time per token (by hit rate when the trace cannot be priced), with the
     speed-up over fetch-all, hit and substitution rates, substituted gate mass,
@@ -120,13 +99,10 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              misses=given(miss), thetas=given(theta), admits=given(admit),
                              allocations=given(allocation), batches=given(batch), warm=warm,
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=given(hw),
-                             model=model, quants=given(quant))
-    bar = Progress("sweep")
-    try:
+                             model=model, quants=given(quant), engine=engine)
+    with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every)
-    finally:
-        bar.close()
     df = out.rows
     if quality:
         from moesim.emulator.quality import read_quality

@@ -19,8 +19,14 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.traces.importers.common import (ImportResult, id_span_note, preset_for, preset_meta, tracer_info,
-                                            write_topk_trace)
+from moesim.traces.importers.common import (
+    ImportResult,
+    id_span_note,
+    preset_for,
+    preset_meta,
+    tracer_info,
+    write_topk_trace,
+)
 from moesim.traces.importers.moe_infinity import parse_layers
 from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP

@@ -45,8 +45,8 @@ def import_fiddler(files, out: str | os.PathLike, *, n_experts: int = 60, top_k:
     files = [Path(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
     if not files:
         raise MoesimError("no Fiddler JSON file given")
-    rows = {"seq": [], "pos": [], "layer": [], "phase": [], "ids": []}
-    layer_sets = None
+    rows: dict[str, list[np.ndarray]] = {"seq": [], "pos": [], "layer": [], "phase": [], "ids": []}
+    layer_sets: tuple[list[int], Path] | None = None
     layouts = set()
     for s, f in enumerate(files):
         layers, layout, k = parse_file(f, top_k)
@@ -66,6 +66,7 @@ def import_fiddler(files, out: str | os.PathLike, *, n_experts: int = 60, top_k:
             rows["layer"].append(np.full(n, layer))
             rows["phase"].append(np.array(["prefill"] * P + ["decode"] * (n - P), dtype=object))
             rows["ids"].append(ids)
+    assert layer_sets is not None and top_k is not None  # files is not empty: the loop set both
     meta = TraceMeta(
         model_id=model_id, family=family, n_experts=n_experts, top_k=top_k, moe_layers=tuple(layer_sets[0]),
         gating="softmax", norm_topk_prob=norm_topk_prob, layout="sparse", n_candidates=top_k,

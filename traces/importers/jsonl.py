@@ -20,12 +20,20 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.traces.importers.common import (ImportResult, complete_tokens, id_span_note, preset_for, preset_meta,
-                                            tracer_info, write_topk_trace)
+from moesim.traces.importers.common import (
+    ImportResult,
+    complete_tokens,
+    id_span_note,
+    preset_for,
+    preset_meta,
+    tracer_info,
+    write_topk_trace,
+)
 from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP
 
@@ -115,8 +123,8 @@ def import_jsonl(files, out: str | os.PathLike, *, n_experts: int | None = None,
         raise MoesimError(f"unknown phase {phase!r} (expected prefill or decode)")
     where = ", ".join(map(str, files))
     buf = _Buffers()
-    found_meta: dict[str, object] = {}
-    kinds = []
+    found_meta: dict[str, Any] = {}
+    kinds: list[tuple[_Kind, Path]] = []
     skipped = meta_lines = 0
     for f in files:
         kind, meta_here, n_meta = _peek(f, mapping)
@@ -288,7 +296,7 @@ def _loads(line: bytes, path: Path, lineno: int) -> dict:
 
 
 def _meta_of(rec: dict) -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for key, names in META_NAMES.items():
         for n in names:
             v = rec.get(n)

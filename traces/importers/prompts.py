@@ -16,8 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.traces.importers.common import (ImportResult, id_span_note, load_json, preset_for, preset_meta,
-                                            tracer_info, write_topk_trace)
+from moesim.traces.importers.common import (
+    ImportResult,
+    id_span_note,
+    load_json,
+    preset_for,
+    preset_meta,
+    tracer_info,
+    write_topk_trace,
+)
 from moesim.traces.importers.moe_infinity import parse_layers
 from moesim.traces.meta import TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP
@@ -67,6 +74,7 @@ def import_prompts(file: str | os.PathLike, out: str | os.PathLike, *, n_experts
         phases.append(np.array(["prefill"] * P + ["decode"] * D, dtype=object))
         ids_all.append(ids)
         domains.append(np.full(P + D, str(name), dtype=object))
+    assert L is not None and k is not None  # prompts is not empty: the loop set both
     moe_layers = parse_layers(layers, L)
     source = {"path": str(path.resolve()), "format": "per-prompt routing JSON (prefill/decode [token][layer][k])",
               "weights": "not in the file: exactly 1/k", "domains": "the prompt names"}
