@@ -7,6 +7,6 @@ missed one with the missed one's gate weight, a dropped one contributes nothing.
 called from one place, ``emulator.policy``. See docs/emulator.md.
 """
 
-from moesim.emulator.run import EmulationSetup, Emulator, PolicyRun, emulate
+from moesim.emulator.run import EmulationSetup, Emulator, PolicyRun, emulate, load_emulator
 
-__all__ = ["Emulator", "EmulationSetup", "PolicyRun", "emulate"]
+__all__ = ["Emulator", "EmulationSetup", "PolicyRun", "emulate", "load_emulator"]

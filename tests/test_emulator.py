@@ -30,6 +30,7 @@ from moesim.cli import cli  # noqa: E402
 from moesim.emulator import Emulator  # noqa: E402
 from moesim.errors import MoesimError  # noqa: E402
 from moesim.simulator import SimConfig  # noqa: E402
+from moesim.traces.tracers.families import FAMILIES  # noqa: E402
 
 WINDOW, MAX_TOKENS = 48, 80
 
@@ -58,7 +59,7 @@ def emulator(qwen, tok, texts):
     return Emulator(model, tok, texts, ["prose", "code"], window=WINDOW, max_tokens=MAX_TOKENS, model_dir=model_dir)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_fetch_all_and_a_full_cache_give_the_unmodified_logits(family, tmp_path, tok, texts):
     model_dir, model, _ = tiny_moe.build(family, tmp_path / family, tokenizer=tok)
     em = Emulator(model, tok, texts, ["prose", "code"], window=WINDOW, max_tokens=MAX_TOKENS, model_dir=model_dir)
