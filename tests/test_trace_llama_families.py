@@ -65,7 +65,12 @@ LLAMA_FAMILIES = {
     "gpt_oss": (dict(rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                                           beta_slow=1.0, original_max_position_embeddings=4096, truncate=True)),
                 {}, []),
+    "deepseek_v2": ({}, {}, []),
+    "glm4_moe": ({}, {}, []),
+    "dots1": ({}, {"scoring_func": "sigmoid"}, []),
 }
+# GLM's converter looks these special tokens up by name
+TOKENIZER_EXTRA = {"glm4_moe": tiny_moe.GLM_SPECIAL}
 # metadata both tracers must agree on
 META_KEYS = ("family", "moe_layers", "dense_layers", "n_experts", "top_k", "gating", "norm_topk_prob",
              "routed_scaling_factor", "n_group", "topk_group", "n_shared_experts")
@@ -79,9 +84,9 @@ def converted(tmp_path_factory):
     if conv is None:
         pytest.skip(why)
     d = tmp_path_factory.mktemp("families")
-    tok = tiny_moe.make_tokenizer()
     built, jobs = {}, []
     for family, (over, extra, args) in LLAMA_FAMILIES.items():
+        tok = tiny_moe.make_tokenizer(extra_special=TOKENIZER_EXTRA.get(family, ()))
         model_dir, model, _ = tiny_moe.build(family, d / family, tokenizer=tok, seed=7, **over)
         if extra:
             cfg = json.loads((model_dir / "config.json").read_text())
@@ -212,11 +217,9 @@ def test_generate_records_decode_rows_routed_as_transformers(traced):
     ids = b.token.astype(np.int64)
     ref = traced["dir"] / "generate-hf.parquet"
     with torch.no_grad(), record_router(model, ref, layout="dense"):
-        o = model(input_ids=torch.tensor([ids[:SEQ_LEN]]), use_cache=True)
-        cache = o.past_key_values
+        cache = model(input_ids=torch.from_numpy(ids[None, :SEQ_LEN]), use_cache=True).cache
         for t in ids[SEQ_LEN:]:
-            o = model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True)
-            cache = o.past_key_values
+            cache = model(input_ids=torch.tensor([[int(t)]]), cache=cache, use_cache=True).cache
     a = load_routing(ref)
     np.testing.assert_array_equal(a.phase, b.phase)
     np.testing.assert_array_equal(a.token, b.token)
@@ -238,12 +241,15 @@ def test_cli_generate(converted, texts, tmp_path):
     assert TraceFile(out).meta.source["generate"] == 3
 
 
-def _header_only_gguf(path: Path, arch: str, experts: int) -> Path:
+def _header_only_gguf(path: Path, arch: str, experts: int, groups: int = 0) -> Path:
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(1)
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(2)
+    if groups:
+        w.add_expert_group_count(groups)
+        w.add_expert_group_used_count(2)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -251,13 +257,15 @@ def _header_only_gguf(path: Path, arch: str, experts: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("arch,experts,message", [
-    ("phimoe", 16, "GGUF architecture 'phimoe' is not supported by moesim trace llama: llama.cpp routes PhiMoE"),
-    ("arctic", 16, "MoE architecture 'arctic' is not supported by moesim trace llama"),
-    ("llama", 0, "not an MoE model (architecture 'llama' with no experts)"),
+@pytest.mark.parametrize("arch,experts,groups,message", [
+    ("phimoe", 16, 0, "GGUF architecture 'phimoe' is not supported by moesim trace llama: llama.cpp routes PhiMoE"),
+    ("arctic", 16, 0, "MoE architecture 'arctic' is not supported by moesim trace llama"),
+    ("llama", 0, 0, "not an MoE model (architecture 'llama' with no experts)"),
+    ("dots1", 16, 0, "names no expert gating function (dots1.expert_gating_func)"),
+    ("deepseek2", 16, 4, "group-limited DeepSeek-V2 routing is not supported"),
 ])
-def test_refuses_unsupported_architectures_in_one_line(tmp_path, arch, experts, message):
-    path = _header_only_gguf(tmp_path / "m.gguf", arch, experts)
+def test_refuses_unsupported_architectures_in_one_line(tmp_path, arch, experts, groups, message):
+    path = _header_only_gguf(tmp_path / "m.gguf", arch, experts, groups)
     (tmp_path / "t.txt").write_text("hello world")
     res = CliRunner().invoke(cli, ["trace", "llama", str(path), "--text", str(tmp_path / "t.txt"),
                                    "-o", str(tmp_path / "x.parquet")])

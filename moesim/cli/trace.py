@@ -88,8 +88,8 @@ def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype,
     """Trace a local transformers checkpoint MODEL_DIR with PyTorch.
 
     Families: Qwen3-MoE, Qwen3-Next, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3,
-    gpt-oss. Never downloads: MODEL_DIR must hold config.json, the weights and
-    the tokenizer. Needs the extra: pip install 'moesim[torch]'."""
+    DeepSeek-V2, GLM-4.5 (glm4_moe), dots.llm1, gpt-oss. Never downloads:
+    MODEL_DIR must hold config.json, the weights and the tokenizer. Needs the extra: pip install 'moesim[torch]'."""
     from moesim.traces.tracers.hf import trace_hf
 
     _check_exclusive(candidates, dense)
@@ -120,7 +120,8 @@ def llama(gguf, texts, domains, seq_len, max_tokens, candidates, dense, n_batch,
 
     Captures ffn_moe_logits-<layer>, the selected ids and the gate weights of
     every MoE layer for every token. Architectures: qwen3moe, qwen3next,
-    qwen2moe, llama (Mixtral), olmoe, deepseek2, gpt-oss; others are refused.
+    qwen2moe, llama (Mixtral), olmoe, deepseek2, gpt-oss, glm4moe, dots1;
+    others are refused.
     Needs the extra: pip install 'moesim[llama]'."""
     from moesim.traces.tracers.llama import trace_llama
 

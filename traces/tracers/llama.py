@@ -36,6 +36,8 @@ ARCHS: dict[str, tuple[str, str | None]] = {
     "llama": ("mixtral", "softmax_topk"),
     "olmoe": ("olmoe", "softmax"),
     "deepseek2": ("deepseek_v3", None),
+    "glm4moe": ("glm4_moe", None),
+    "dots1": ("dots1", None),
     # LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT is hard-coded in the graph: the GGUF has no gating key
     "gpt-oss": ("gpt_oss", "softmax_topk"),
 }
@@ -208,7 +210,7 @@ def _routing(g: dict) -> tuple[str, str]:
     family, gating = ARCHS[g["arch"]]
     if gating is None:
         func = g["kv"].get("expert_gating_func")
-        gating = GATING_FUNC.get(int(func), "softmax") if func else "softmax"
+        gating = GATING_FUNC[int(func)] if func else "softmax"   # check_supported: only deepseek2 may omit it
         if family == "deepseek_v3" and gating != "sigmoid":
             family = "deepseek_v2"  # the deepseek2 architecture also runs DeepSeek-V2 (softmax routing)
     return family, gating
@@ -231,12 +233,20 @@ def check_supported(g: dict, path: Path) -> None:
     if func and int(func) not in GATING_FUNC:
         raise MoesimError(f"{path}: llama.cpp expert gating function {int(func)} is not supported "
                           f"(supported: softmax, sigmoid, softmax over the top-k)")
+    if not func and ARCHS[arch][1] is None and arch != "deepseek2":
+        raise MoesimError(f"{path}: the GGUF names no expert gating function ({arch}.expert_gating_func): "
+                          "llama.cpp cannot route it")
+    if _routing(g)[0] == "deepseek_v2" and int(kv.get("expert_group_count") or 1) > 1:
+        raise MoesimError(f"{path}: group-limited DeepSeek-V2 routing is not supported: llama.cpp scores each "
+                          "expert group by its top-2 sum (DeepSeek-V3's rule), the model by its best expert "
+                          "(group_limited_greedy)")
 
 
 def _meta_fields(g: dict, path: Path, layers: list[int], top_k_seen: int, weight_steps: set[str]) -> dict:
     kv, arch = g["kv"], g["arch"]
     family, gating = _routing(g)
-    n_layers = int(kv.get("block_count") or (max(layers) + 1))
+    # the multi-token-prediction layers a GGUF may append are not run when decoding
+    n_layers = int(kv.get("block_count") or (max(layers) + 1)) - int(kv.get("nextn_predict_layers") or 0)
     norm = "ffn_moe_weights_norm" in weight_steps or gating == "softmax_topk"
     scale = float(kv.get("expert_weights_scale") or 1.0)
     shared = int(kv.get("expert_shared_count") or 0)
@@ -272,10 +282,16 @@ def _bytes_per_expert(g: dict, layers: list[int]) -> dict[str, int]:
     return out
 
 
-def _silence(llama_cpp):
-    cb = llama_cpp.llama_log_callback(lambda level, text, data: None)
-    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
-    return cb
+_LOG_CALLBACK = None
+
+
+def _silence(llama_cpp) -> None:
+    """Drop llama.cpp's log output. The C side keeps the pointer: the ctypes callback must
+    live as long as the process (freed, the next log line from any llama.cpp call crashes)."""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, data: None)
+    llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 
 
 def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | os.PathLike, *,
@@ -298,7 +314,7 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
     llama_cpp, lib = import_llama()
     g = gguf_meta(path)
     check_supported(g, path)
-    keep_log = _silence(llama_cpp)
+    _silence(llama_cpp)
     llama_cpp.llama_backend_init()
     mparams = llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
@@ -381,7 +397,6 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
         if ctx:
             llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
-        del keep_log
     return Path(out)
 
 
