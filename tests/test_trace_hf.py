@@ -91,8 +91,9 @@ def test_metadata_matches_the_model(traced):
     if FAMILIES[family].deepseek_like:
         assert (meta.n_group, meta.topk_group, meta.routed_scaling_factor) == \
             (cfg.n_group or 1, cfg.topk_group or 1, cfg.routed_scaling_factor)
-    if family in ("deepseek_v3", "glm4_moe", "dots1"):
-        want = [model.model.layers[i].mlp.gate.e_score_correction_bias.numpy() for i in moe_layers]
+    if family in ("deepseek_v3", "glm4_moe", "dots1", "minimax_m2"):
+        owner = (lambda mlp: mlp) if family == "minimax_m2" else (lambda mlp: mlp.gate)
+        want = [owner(model.model.layers[i].mlp).e_score_correction_bias.numpy() for i in moe_layers]
         np.testing.assert_allclose(np.asarray(meta.selection_bias), np.asarray(want), rtol=0, atol=1e-7)
     else:
         assert meta.selection_bias is None

@@ -68,6 +68,8 @@ LLAMA_FAMILIES = {
     "deepseek_v2": ({}, {}, []),
     "glm4_moe": ({}, {}, []),
     "dots1": ({}, {"scoring_func": "sigmoid"}, []),
+    "granitemoe": ({}, {}, []),
+    "minimax_m2": ({}, {"scoring_func": "sigmoid"}, []),
 }
 # GLM's converter looks these special tokens up by name
 TOKENIZER_EXTRA = {"glm4_moe": tiny_moe.GLM_SPECIAL}

@@ -46,6 +46,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            shared_key="n_shared_experts", deepseek_like=True),
     Family("dots1", "dots.llm1", "mlp.gate", "sigmoid", "n_routed_experts", "moe_intermediate_size",
            shared_key="n_shared_experts", deepseek_like=True),
+    # top-k of the logits, softmax over the k (like Mixtral); router at block_sparse_moe.router
+    Family("granitemoe", "Granite-MoE", "block_sparse_moe.router", "softmax_topk", "num_local_experts",
+           "intermediate_size", default_norm=True),
+    # sigmoid, selection on sigmoid + e_score_correction_bias (a buffer of the MoE block), always renormalized
+    Family("minimax_m2", "MiniMax-M2", "mlp.gate", "sigmoid", "num_local_experts", "intermediate_size",
+           default_norm=True),
     Family("gpt_oss", "gpt-oss", "mlp.router", "softmax_topk", "num_local_experts", "intermediate_size",
            default_norm=True, quants=("bf16", "mxfp4", "q8_0")),
 )}

@@ -38,6 +38,9 @@ ARCHS: dict[str, tuple[str, str | None]] = {
     "deepseek2": ("deepseek_v3", None),
     "glm4moe": ("glm4_moe", None),
     "dots1": ("dots1", None),
+    "minimax-m2": ("minimax_m2", None),
+    # softmax then renormalized: Granite's softmax over the k selected logits
+    "granitemoe": ("granitemoe", "softmax_topk"),
     # LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT is hard-coded in the graph: the GGUF has no gating key
     "gpt-oss": ("gpt_oss", "softmax_topk"),
 }
@@ -46,8 +49,6 @@ UNSUPPORTED: dict[str, str] = {
     "phimoe": "llama.cpp routes PhiMoE with a renormalized softmax, not the model's sparsemixer gating",
     "dbrx": "llama.cpp renormalizes DBRX's top-k weights by their sum, not by the configured p-norm; "
             "not checked against transformers",
-    "granitemoe": "not checked against transformers (the transformers router returns sorted dispatch "
-                  "tensors, not (logits, weights, ids))",
     "jamba": "hybrid Mamba model, not checked against transformers",
     "llama4": "llama.cpp's Llama 4 graph weights the expert input by the sigmoid gate (top-1); "
               "not checked against transformers",
