@@ -367,6 +367,7 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
         doms = sorted({s.domain for s in seqs if s.domain is not None}) or None
         rec = None
         try:
+            done = 0
             for si, s in enumerate(seqs):
                 llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
                 for start in range(0, len(s.tokens), n_batch):
@@ -385,12 +386,15 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
                     rec.add(seq=np.full(1, si, dtype=np.int32), pos=np.arange(pos, pos + 1), captures=caps,
                             token=np.asarray([tok], dtype=np.int32), phase="decode", domain=s.domain)
                     pos += 1
+                done += len(s.tokens) + generate
                 if progress is not None:
-                    progress(len(s.tokens) + generate, src["tokens"] + generate * len(seqs))
+                    progress(done, src["tokens"] + generate * len(seqs))
         except BaseException:
             if rec is not None:
                 rec.abort()
             raise
+        if rec is None:
+            raise MoesimError(f"{path}: no tokens to trace")
         rec.close()
     finally:
         if batch is not None:
