@@ -244,7 +244,7 @@ def check_supported(g: dict, path: Path) -> None:
 
 
 def _meta_fields(g: dict, path: Path, layers: list[int], top_k_seen: int, weight_steps: set[str]) -> dict:
-    kv, arch = g["kv"], g["arch"]
+    kv = g["kv"]
     family, gating = _routing(g)
     # the multi-token-prediction layers a GGUF may append are not run when decoding
     n_layers = int(kv.get("block_count") or (max(layers) + 1)) - int(kv.get("nextn_predict_layers") or 0)
@@ -380,6 +380,7 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
                             captures=caps, token=np.asarray(chunk, dtype=np.int32), phase="prefill",
                             domain=s.domain)
                 pos = len(s.tokens)
+                assert rec is not None   # opened by the prefill above: a sequence has at least one token
                 for _ in range(generate):
                     tok = _greedy(llama_cpp, ctx, n_vocab)
                     caps = _decode(llama_cpp, ctx, batch, [tok], pos, collector)
