@@ -1,7 +1,7 @@
 """Tokens/s of `moesim trace llama` vs plain llama.cpp evaluation of the same GGUF, same process.
 
     python benchmarks/llama_trace_overhead.py [--gguf MODEL.gguf] [--tokens 2048] [--seq-len 512]
-                                              [--threads 2] [--repeats 3]
+                                              [--threads 1] [--repeats 3]
 
 Three runs over the same token ids, each end to end (model load, context, every
 llama_decode call with output logits for every token, as the tracer requests them):
@@ -16,7 +16,9 @@ Without --gguf a random Qwen3-MoE is built and written as an f32 GGUF (default: 
 layers, hidden 256, 32 experts of 128, top-4: small enough to build in seconds, so
 the fixed per-node cost weighs more than on a real model). Each run is timed best
 of N after a warm-up, the three alternating so that load on a shared machine hits
-all alike. Needs the [tracers] extra.
+all alike. One thread by default: on a shared 2-core machine, two llama.cpp threads
+spin-wait on each other whenever another process holds a core, which swamps the
+difference being measured. Needs the [tracers] extra.
 """
 
 from __future__ import annotations
@@ -45,13 +47,22 @@ def build_gguf(d: Path, layers: int, hidden: int, experts: int, inter: int, k: i
     return tiny_gguf.write_qwen3moe_gguf(model, tok, d / "bench.gguf", name="bench-qwen3-moe")
 
 
-def plain_run(gguf: Path, seqs: list[np.ndarray], n_batch: int, threads: int, callback: bool) -> float:
-    """Seconds for llama.cpp to load ``gguf`` and decode ``seqs`` (all outputs on), optionally
-    with an eval callback that asks for nothing."""
+def clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def since(t0: tuple[float, float]) -> tuple[float, float]:
+    """(wall, CPU) seconds since ``t0``."""
+    return time.perf_counter() - t0[0], time.process_time() - t0[1]
+
+
+def plain_run(gguf: Path, seqs: list[np.ndarray], n_batch: int, threads: int, callback: bool) -> tuple[float, float]:
+    """(wall, CPU) seconds for llama.cpp to load ``gguf`` and decode ``seqs`` (all outputs on),
+    optionally with an eval callback that asks for nothing."""
     from moesim.traces.tracers.llama import import_llama
 
     llama_cpp, _ = import_llama()
-    t0 = time.perf_counter()
+    t0 = clock()
     model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), llama_cpp.llama_model_default_params())
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx = max(max(len(s) for s in seqs), 16)
@@ -75,7 +86,7 @@ def plain_run(gguf: Path, seqs: list[np.ndarray], n_batch: int, threads: int, ca
                     batch.seq_id[i][0], batch.logits[i] = 0, 1
                 if llama_cpp.llama_decode(ctx, batch) != 0:
                     raise RuntimeError("llama_decode failed")
-        return time.perf_counter() - t0
+        return since(t0)
     finally:
         llama_cpp.llama_batch_free(batch)
         llama_cpp.llama_free(ctx)
@@ -87,7 +98,7 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path, help="a GGUF to run (default: build a random Qwen3-MoE)")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=256)
@@ -109,12 +120,12 @@ def main() -> None:
         text.write_text((tiny_moe.PROSE + "\n" + tiny_moe.CODE) * (1 + a.tokens // 200))
         kw = dict(seq_len=a.seq_len, max_tokens=a.tokens, n_batch=a.seq_len, n_threads=a.threads)
 
-        def traced() -> float:
+        def traced() -> tuple[float, float]:
             out = d / "trace.parquet"
             out.unlink(missing_ok=True)
-            t0 = time.perf_counter()
+            t0 = clock()
             trace_llama(gguf, [str(text)], out, **kw)
-            return time.perf_counter() - t0
+            return since(t0)
 
         traced()   # warm-up; its trace gives the token ids the plain runs decode
         t = pq.read_table(d / "trace.parquet", columns=["seq", "layer", "token"])
@@ -125,20 +136,25 @@ def main() -> None:
         runs = {"plain": lambda: plain_run(gguf, seqs, a.seq_len, a.threads, False),
                 "callback": lambda: plain_run(gguf, seqs, a.seq_len, a.threads, True),
                 "traced": traced}
-        best = {k: float("inf") for k in runs}
+        wall = {k: float("inf") for k in runs}
+        cpu = {k: float("inf") for k in runs}
         for name, f in runs.items():
             if name != "traced":
                 f()   # warm-up
         for _ in range(a.repeats):
             for name, f in runs.items():
-                best[name] = min(best[name], f())
+                w, c = f()
+                wall[name], cpu[name] = min(wall[name], w), min(cpu[name], c)
         print(f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}, {gguf.name}, {n} tokens in "
               f"{len(seqs)} sequences of <= {a.seq_len}, {a.threads} threads, best of {a.repeats}")
-        print(f"{'run':<10}{'seconds':>10}{'tokens/s':>12}{'vs plain':>10}")
+        print(f"{'run':<10}{'wall s':>9}{'tokens/s':>10}{'vs plain':>10}"
+              f"{'CPU s':>9}{'tokens/CPU s':>14}{'vs plain':>10}")
         for name in runs:
-            print(f"{name:<10}{best[name]:>10.3f}{n / best[name]:>12.0f}{best['plain'] / best[name]:>10.2f}")
-        print(f"traced/plain throughput: {best['plain'] / best['traced']:.2f} "
-              f"(callback alone: {best['plain'] / best['callback']:.2f})")
+            print(f"{name:<10}{wall[name]:>9.3f}{n / wall[name]:>10.0f}{wall['plain'] / wall[name]:>10.2f}"
+                  f"{cpu[name]:>9.3f}{n / cpu[name]:>14.0f}{cpu['plain'] / cpu[name]:>10.2f}")
+        print(f"traced/plain throughput: {wall['plain'] / wall['traced']:.2f} wall, "
+              f"{cpu['plain'] / cpu['traced']:.2f} CPU (callback alone: {wall['plain'] / wall['callback']:.2f} wall, "
+              f"{cpu['plain'] / cpu['callback']:.2f} CPU)")
 
 
 if __name__ == "__main__":

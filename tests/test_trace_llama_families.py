@@ -17,9 +17,11 @@ the sets only.
 The checkpoints differ from tests/fixtures/tiny_moe.FAMILY_CONFIGS where llama.cpp
 cannot run the transformers config as transformers does (docs/tracers.md):
 Qwen2-MoE, Qwen3-MoE and Qwen3-Next are all-MoE (llama.cpp's graphs have no
-``mlp_only_layers``); DeepSeek-V3's config.json names ``scoring_func: sigmoid`` as
-the released checkpoints' does (transformers 5 does not save it; without it
-llama.cpp routes by softmax); OLMoE uses rms_norm_eps 1e-5, as released (the
+``mlp_only_layers``); the config.json of DeepSeek-V3, dots.llm1 and MiniMax-M2
+names ``scoring_func: sigmoid`` as the released checkpoints' does (transformers 5
+does not save it; without it llama.cpp routes DeepSeek-V3 by softmax and cannot
+route the other two); GLM-4.5's tokenizer has the special tokens its converter
+looks up by name; OLMoE uses rms_norm_eps 1e-5, as released (the
 converter writes 1e-5 whatever the config says); gpt-oss's YaRN has ``truncate:
 true`` (llama.cpp always rounds the YaRN correction range; with the released
 ``truncate: false`` the router logits are ~2e-3 apart from position 1 on).
