@@ -47,8 +47,8 @@ ARCHS: dict[str, tuple[str, str | None]] = {
 # MoE architectures the pinned llama.cpp runs but moesim does not trace: why (docs/tracers.md).
 UNSUPPORTED: dict[str, str] = {
     "phimoe": "llama.cpp routes PhiMoE with a renormalized softmax, not the model's sparsemixer gating",
-    "dbrx": "llama.cpp renormalizes DBRX's top-k weights by their sum, not by the configured p-norm; "
-            "not checked against transformers",
+    "dbrx": "not checked against transformers (its DBRX router, transformer.blocks.<i>.ffn.router, returns "
+            "the logits alone)",
     "jamba": "hybrid Mamba model, not checked against transformers",
     "llama4": "llama.cpp's Llama 4 graph weights the expert input by the sigmoid gate (top-1); "
               "not checked against transformers",
@@ -305,10 +305,10 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
     decoded in batches of ``n_batch`` tokens with output logits requested for every token);
     writes the trace ``out``. ``generate`` N > 0: after each sequence's prefill, N greedy
     decode steps (the argmax token, end-of-text not special), each fed back and recorded
-    as a ``decode`` row of the same sequence. ``kv_type`` (KV cache: llama.cpp's default f16, or f32) and
-    ``flash_attn`` (None: llama.cpp decides) change attention precision: llama.cpp's
-    defaults put router logits ~1e-2 away from an f32 transformers run of the same
-    weights, f32 KV without flash attention ~1e-5."""
+    as a ``decode`` row of the same sequence. ``kv_type`` (KV cache: llama.cpp's default
+    f16, or f32) and ``flash_attn`` (None: llama.cpp decides) change attention precision:
+    llama.cpp's defaults put router logits ~1e-2 away from an f32 transformers run of the
+    same weights, f32 KV without flash attention ~1e-5."""
     path = Path(gguf_path)
     if not path.is_file():
         raise MoesimError(f"{gguf_path}: no such GGUF file")
