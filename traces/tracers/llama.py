@@ -50,8 +50,8 @@ UNSUPPORTED: dict[str, str] = {
     "dbrx": "not checked against transformers (its DBRX router, transformer.blocks.<i>.ffn.router, returns "
             "the logits alone)",
     "jamba": "hybrid Mamba model, not checked against transformers",
-    "llama4": "llama.cpp's Llama 4 graph weights the expert input by the sigmoid gate (top-1); "
-              "not checked against transformers",
+    "llama4": "not checked against transformers (top-k of the logits, the sigmoid of the k scales the expert "
+              "input; transformers' router sits at feed_forward.router and returns (scores, logits))",
 }
 # llama_expert_gating_func_type: 1 softmax, 2 sigmoid, 3 softmax over the k selected (gpt-oss)
 GATING_FUNC = {1: "softmax", 2: "sigmoid", 3: "softmax_topk"}
