@@ -13,32 +13,28 @@ from pathlib import Path
 
 from moesim.errors import MoesimError
 
-# Bits per weight of a routed expert's tensors, by quantization. q8_0: 32 int8 + one fp16 scale per block;
-# q4_k_m: llama.cpp's mix (Q4_K, 4.5 bpw, with Q6_K, 6.5625 bpw, for half of the ffn_down tensors) ~ 4.83 bpw;
-# mxfp4: 32 fp4 values + one 8-bit scale per block.
-QUANT_BITS = {"bf16": 16.0, "fp16": 16.0, "fp8": 8.0, "q8_0": 8.5, "q4_k_m": 4.5 + (6.5625 - 4.5) / 6, "mxfp4": 4.25}
-
-# Bits per weight by tensor group, for each quantization; "expert" is QUANT_BITS. GGUF files (q8_0, q4_k_m) keep
-# 1-D tensors (norms, biases, conv, gates) and the router (ffn_gate_inp, never quantized by llama-quantize) in F32;
-# q4_k_m stores the LM head as Q6_K and the token embedding as Q4_K; its attention/shared matrices follow the same
-# Q4_K + Q6_K mix as the experts (attn_v and ffn_down of half the layers get Q6_K), so they take the expert average.
-# bf16/fp16/fp8/mxfp4 describe Hugging Face checkpoints: fp8 (DeepSeek-V3) quantizes every linear layer except
-# embedding, LM head and router (block scales add ~0.002 bpw, ignored); mxfp4 (gpt-oss) quantizes only the experts.
 _G = ("expert", "dense", "router", "embed", "lm_head", "small")
-QUANT_SCHEMES: dict[str, dict[str, float]] = {
-    "bf16": dict.fromkeys(_G, 16.0),
-    "fp16": dict.fromkeys(_G, 16.0),
-    "fp8": {"expert": 8.0, "dense": 8.0, "router": 16.0, "embed": 16.0, "lm_head": 16.0, "small": 16.0},
-    "q8_0": {"expert": 8.5, "dense": 8.5, "router": 32.0, "embed": 8.5, "lm_head": 8.5, "small": 32.0},
-    "q4_k_m": {"expert": QUANT_BITS["q4_k_m"], "dense": QUANT_BITS["q4_k_m"], "router": 32.0, "embed": 4.5,
-               "lm_head": 6.5625, "small": 32.0},
-    "mxfp4": {"expert": 4.25, "dense": 16.0, "router": 16.0, "embed": 16.0, "lm_head": 16.0, "small": 16.0},
-}
 GROUPS = _G
+
+
+def _load_quants() -> dict[str, dict[str, float]]:
+    """The named mixes of presets/quants.toml: bits per weight of each tensor group, plus a ``source`` line."""
+    doc = tomllib.loads((Path(str(resources.files("moesim.costmodel") / "presets")) / "quants.toml").read_text())
+    return {name: {g: float(t[g]) for g in _G} for name, t in doc.items()}
+
+
+def quant_sources() -> dict[str, str]:
+    doc = tomllib.loads((Path(str(resources.files("moesim.costmodel") / "presets")) / "quants.toml").read_text())
+    return {name: str(t.get("source", "")) for name, t in doc.items()}
+
+
+# Bits per weight by tensor group for each named mix (data: presets/quants.toml); QUANT_BITS = the expert bits.
+QUANT_SCHEMES: dict[str, dict[str, float]] = _load_quants()
+QUANT_BITS = {q: s["expert"] for q, s in QUANT_SCHEMES.items()}
 
 # Keys a model TOML may hold, per table; anything else is a typo worth an error.
 _TOP_KEYS = {"name", "hf_id", "family", "source", "total_params_b", "active_params_b", "active_params_convention",
-             "active_params_source", "native_quant", "moe", "dense", "attention"}
+             "active_params_source", "native_quant", "moe", "dense", "attention", "quant"}
 _MOE_KEYS = {"n_layers", "moe_layers", "n_experts", "top_k", "gating", "norm_topk_prob", "moe_intermediate_size",
              "n_shared_experts", "shared_expert_intermediate_size", "dense_intermediate_size", "routed_scaling_factor",
              "n_group", "topk_group", "glu", "expert_bias", "router_bias", "shared_expert_gate"}
@@ -83,6 +79,11 @@ class ModelPreset:
     expert_bias: bool = False
     router_bias: bool = False
     shared_expert_gate: bool = False
+    quants: dict = field(default_factory=dict)  # this model's own mixes ([quant.NAME] tables, or a GGUF's exact bits)
+    path: str = ""
+
+    def quant_names(self) -> list[str]:
+        return list(dict.fromkeys([*self.quants, *QUANT_SCHEMES]))
 
     @property
     def dense_layers(self) -> tuple[int, ...]:
@@ -99,9 +100,7 @@ class ModelPreset:
         return (3 if self.glu else 2) * self.hidden_size * self.moe_intermediate_size
 
     def bytes_per_expert(self, quant: str) -> int:
-        if quant not in QUANT_BITS:
-            raise MoesimError(f"unknown quantization {quant!r} (known: {', '.join(QUANT_BITS)})")
-        return int(round(self.params_per_expert * QUANT_BITS[quant] / 8))
+        return int(round(self.params_per_expert * self._scheme(quant)["expert"] / 8))
 
     def bytes_per_expert_table(self, quants=("bf16", "q8_0", "q4_k_m")) -> dict[str, int]:
         return {q: self.bytes_per_expert(q) for q in quants}
@@ -193,8 +192,10 @@ class ModelPreset:
     # ---- bytes ---------------------------------------------------------------------------------------------------
 
     def _scheme(self, quant: str) -> dict[str, float]:
+        if quant in self.quants:
+            return self.quants[quant]
         if quant not in QUANT_SCHEMES:
-            raise MoesimError(f"unknown quantization {quant!r} (known: {', '.join(QUANT_SCHEMES)})")
+            raise MoesimError(f"unknown quantization {quant!r} (known: {', '.join(self.quant_names())})")
         return QUANT_SCHEMES[quant]
 
     def file_bytes(self, quant: str) -> int:
@@ -262,7 +263,7 @@ class ModelPreset:
 
     def summary(self) -> dict:
         """Plain-data description (for `moesim models show --format json`)."""
-        quants = [q for q in ("bf16", "q8_0", "q4_k_m", self.native_quant) if q in QUANT_SCHEMES]
+        quants = [q for q in ("bf16", "q8_0", "q4_k_m", *self.quants, self.native_quant) if q in self.quant_names()]
         quants = list(dict.fromkeys(quants))
         groups = self.param_groups()
         return {
@@ -362,6 +363,7 @@ def load_model(name_or_path: str) -> ModelPreset:
             native_quant=str(doc.get("native_quant", "bf16")),
             expert_bias=bool(moe.get("expert_bias", False)), router_bias=bool(moe.get("router_bias", False)),
             shared_expert_gate=bool(moe.get("shared_expert_gate", False)),
+            quants=_model_quants(doc.get("quant", {}), path), path=str(path),
         )
     except KeyError as exc:
         raise MoesimError(f"{path}: model preset is missing required key {exc.args[0]!r}") from None
@@ -369,6 +371,36 @@ def load_model(name_or_path: str) -> ModelPreset:
         raise MoesimError(f"{path}: not a valid model preset ({exc})") from None
     _validate_model(m, path)
     return m
+
+
+def _model_quants(tables: dict, path: Path) -> dict[str, dict[str, float]]:
+    """A model file's own [quant.NAME] tables: bits per group, unset groups taken from the named mix of the same
+    name (or from ``base = "q4_k_m"``)."""
+    out = {}
+    if not isinstance(tables, dict):
+        raise MoesimError(f"{path}: [quant] must hold tables [quant.NAME]")
+    for name, t in tables.items():
+        if not isinstance(t, dict):
+            raise MoesimError(f"{path}: [quant.{name}] must be a table of bits per group")
+        unknown = sorted(set(t) - set(_G) - {"base", "source"})
+        if unknown:
+            raise MoesimError(f"{path}: unknown key 'quant.{name}.{unknown[0]}' "
+                              f"(groups: {', '.join(_G)}, base, source)")
+        base = t.get("base", name if name in QUANT_SCHEMES else None)
+        if base is not None and base not in QUANT_SCHEMES:
+            raise MoesimError(f"{path}: quant.{name}.base {base!r} is not one of {', '.join(QUANT_SCHEMES)}")
+        bits = dict(QUANT_SCHEMES[base]) if base else {}
+        for g in _G:
+            if g in t:
+                v = t[g]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 64:
+                    raise MoesimError(f"{path}: quant.{name}.{g} must be bits per weight in (0, 64] (got {v!r})")
+                bits[g] = float(v)
+        missing = [g for g in _G if g not in bits]
+        if missing:
+            raise MoesimError(f"{path}: quant.{name} needs bits for {', '.join(missing)} (or a base mix)")
+        out[name] = bits
+    return out
 
 
 def _validate_model(m: ModelPreset, path: Path) -> None:
@@ -386,8 +418,8 @@ def _validate_model(m: ModelPreset, path: Path) -> None:
         bad("dense layers need moe.dense_intermediate_size > 0")
     if m.n_shared_experts and m.shared_expert_intermediate_size <= 0:
         bad("shared experts need moe.shared_expert_intermediate_size > 0")
-    if m.native_quant not in QUANT_SCHEMES:
-        bad(f"native_quant {m.native_quant!r} is not one of {', '.join(QUANT_SCHEMES)}")
+    if m.native_quant not in m.quant_names():
+        bad(f"native_quant {m.native_quant!r} is not one of {', '.join(m.quant_names())}")
     if m.active_params_convention not in ACTIVE_CONVENTIONS:
         bad(f"active_params_convention must be one of {', '.join(ACTIVE_CONVENTIONS)}")
     a = m.attention

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from moesim.costmodel.hardware import DEFAULT_HARDWARE
-from moesim.costmodel.models import find_model, load_model
-from moesim.costmodel.timing import CostParams, cost_params
+from moesim.costmodel.models import find_model
+from moesim.costmodel.timing import CostParams, cost_params, load_model_any
 from moesim.errors import MoesimError
 
 
-def cost_for_trace(meta, hw: str | None = None, model: str | None = None,
-                   quant: str | None = None) -> tuple[CostParams | None, str]:
+def cost_for_trace(meta, hw: str | None = None, model: str | None = None, quant: str | None = None,
+                   engine: str | None = None) -> tuple[CostParams | None, str]:
     """Cost parameters for a trace: ``model`` (a preset name or TOML path) or the preset
     matching the trace's model id; ``quant`` or the model's native format; ``hw`` or the
     default machine. Returns (None, why) when no model preset fits the trace."""
-    m = load_model(model) if model else find_model(meta.model_id)
+    m = load_model_any(model) if model else find_model(meta.model_id)
     if m is None:
         return None, (f"no model preset for {meta.model_id!r}: pass --model NAME|FILE.toml to price the replay "
                       "(moesim models list)")
@@ -34,5 +34,5 @@ def cost_for_trace(meta, hw: str | None = None, model: str | None = None,
                               f"{meta.n_layers}")
         return None, (f"model preset {m.name} (found by the trace's model id) has {m.n_moe_layers} MoE layers, "
                       f"the trace {meta.n_layers}: replayed unpriced")
-    p = cost_params(m, quant, hw or DEFAULT_HARDWARE)
-    return p, f"{p.model} {p.quant} on {p.hw}"
+    p = cost_params(m, quant, hw or DEFAULT_HARDWARE, engine=engine)
+    return p, f"{p.model} {p.quant} on {p.hw}" + (f" ({p.engine})" if p.engine != "ideal" else "")

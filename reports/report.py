@@ -83,15 +83,18 @@ def load_results(path, digest: str | None = None) -> SweepData:
         raise MoesimError(f"{path}: holds results of {len(digests)} traces ({', '.join(map(str, names))}); "
                           "pick one with --trace")
     digest = rows["trace_digest"][0]
-    # One machine/model/quantization per report: times of different machines do not share an axis.
-    costs = rows.group_by("cost_key", maintain_order=True).len().sort("len", descending=True, maintain_order=True)
+    # One machine/model/quantization per report: times of different machines do not share an axis. (Engine
+    # profiles may differ within it: the llama.cpp preset is priced as llama.cpp runs.)
+    machine = pl.concat_str([pl.col("model"), pl.col("quant"), pl.col("hw")], separator="/", ignore_nulls=True)
+    rows = rows.with_columns(machine.alias("_machine"))
+    costs = rows.group_by("_machine", maintain_order=True).len().sort("len", descending=True, maintain_order=True)
     if costs.height > 1:
-        keep = costs["cost_key"][0]
-        dropped = sorted(set(rows.filter(pl.col("cost_key") != keep)["priced_as"].to_list()))
-        rows = rows.filter(pl.col("cost_key") == keep)
+        keep = costs["_machine"][0]
+        dropped = sorted(set(rows.filter(pl.col("_machine") != keep)["priced_as"].to_list()))
+        rows = rows.filter(pl.col("_machine") == keep)
         notes.append(f"the results also hold configs priced as {'; '.join(map(str, dropped))}; this report shows "
                      f"{rows['priced_as'][0]} only")
-    rows = rows.with_columns(
+    rows = rows.drop("_machine").with_columns(
         pl.col("budget").alias("size"),
         pl.when(pl.col("budget").is_not_null())
         .then(pl.format("budget {}%", (100 * pl.col("budget")).round(4).cast(pl.Utf8).str.replace(r"\.0$", "")))

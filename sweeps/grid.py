@@ -56,7 +56,9 @@ _AXIS_KEYS = {
     "hw": "hws",
     "quant": "quants",
 }
-_SCALAR_KEYS = ("model", "warm", "warmup_tokens", "reset_per_sequence")
+_SCALAR_KEYS = ("model", "engine", "warm", "warmup_tokens", "reset_per_sequence")
+# The engine profile each named preset is priced with (others: the grid's engine, default ideal).
+PRESET_ENGINES = {"llama.cpp": "llama.cpp"}
 
 
 @dataclass
@@ -73,6 +75,7 @@ class Grid:
     batches: list[int] = field(default_factory=lambda: [1])
     hws: list[str | None] = field(default_factory=lambda: [None])
     model: str | None = None
+    engine: str | None = None  # engine profile pricing the grid (the llama.cpp preset always uses llama.cpp's)
     quants: list[str | None] = field(default_factory=lambda: [None])
     warm: bool = False
     warmup_tokens: int = 0
@@ -273,10 +276,10 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
     for key, value in doc.items():
         if key in _AXIS_KEYS:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
-        elif key == "model":
+        elif key in ("model", "engine"):
             if not isinstance(value, str):
-                raise MoesimError(f"{path}: model must be a string")
-            changes["model"] = value
+                raise MoesimError(f"{path}: {key} must be a string")
+            changes[key] = value
         elif key in ("warm", "reset_per_sequence"):
             if not isinstance(value, bool):
                 raise MoesimError(f"{path}: {key} must be true or false")
@@ -302,7 +305,8 @@ def _values(x) -> list | None:
 
 def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, misses=None, thetas=None,
                       admits=None, allocations=None, batches=None, warm=None, warmup_tokens=None,
-                      reset_per_sequence=None, hws=None, model=None, quants=None, presets=True) -> Grid:
+                      reset_per_sequence=None, hws=None, model=None, quants=None, engine=None,
+                      presets=True) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -327,4 +331,4 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          thetas=ax("thetas", thetas), admits=ax("admits", admits_l),
                          allocations=_values(allocations), batches=ax("batches", batches), warm=warm,
                          warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=_values(hws),
-                         model=model, quants=_values(quants), presets=presets)
+                         model=model, quants=_values(quants), engine=engine, presets=presets)

@@ -26,7 +26,7 @@ from moesim.costmodel.pricing import cost_for_trace
 from moesim.errors import MoesimError
 from moesim.simulator.config import SimConfig
 from moesim.sweeps.executors import EXECUTORS, Task, execute
-from moesim.sweeps.grid import PRESETS, Grid, expand, replay_twin
+from moesim.sweeps.grid import PRESET_ENGINES, PRESETS, Grid, expand, replay_twin
 from moesim.sweeps.inputs import TraceEntry, load_traces
 from moesim.sweeps.ranking import annotate
 from moesim.sweeps.store import ResultStore, layers_path
@@ -61,6 +61,12 @@ def policy_label(config: SimConfig) -> str:
     return " / ".join(parts)
 
 
+def machine_key(cost) -> str:
+    """What a group of rows is priced for: model, quantization and machine. The engine profile is not
+    part of it: the llama.cpp preset (priced as llama.cpp runs) competes with the other policies."""
+    return "unpriced" if cost is None else f"{cost.model}/{cost.quant}/{cost.hw}"
+
+
 def group_key(digest: str, ck: str, config: SimConfig) -> str:
     size = f"b{config.budget:g}" if config.budget is not None else f"s{config.slots}"
     return "|".join([digest, ck, size, config.allocation, f"warm{int(config.warm)}", f"w{config.warmup_tokens}",
@@ -82,7 +88,7 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
     tm = payload["timing"]
     row = {
         "row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(), "cost_key": ck,
-        "group_key": group_key(entry.digest, ck, cfg),
+        "group_key": group_key(entry.digest, machine_key(cost), cfg),
         "trace": entry.name, "model_id": entry.meta.model_id, "synthetic": bool(entry.meta.synthetic),
         "label": cfg.label(), "policy": policy_label(cfg), "preset": preset_names(cfg),
         "eviction": cfg.eviction, "miss": cfg.miss, "admit": cfg.admit, "budget": cfg.budget, "slots": cfg.slots,
@@ -92,6 +98,7 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
         "hw": cost.hw if cost is not None else (hw or ""),
         "model": cost.model if cost is not None else (model or ""),
         "quant": cost.quant if cost is not None else (quant or ""),
+        "engine": cost.engine if cost is not None else "",
         "counted_tokens": payload["counted_tokens"],
         **t,
     }
@@ -164,9 +171,10 @@ def plan(entries: list[TraceEntry], grid: Grid):
     for ti, entry in enumerate(entries):
         for p in planned:
             p.config.slots_per_layer(E[ti])
-            pair = (ti, p.hw, p.quant)
+            engine = PRESET_ENGINES.get(preset_names(p.config), grid.engine)
+            pair = (ti, p.hw, p.quant, engine)
             if pair not in cost_index:
-                cost, note = cost_for_trace(entry.meta, p.hw, grid.model, p.quant)
+                cost, note = cost_for_trace(entry.meta, p.hw, grid.model, p.quant, engine=engine)
                 cost_index[pair] = len(costs)
                 costs.append(cost)
                 cost_info.append((note, p.hw, grid.model, p.quant))

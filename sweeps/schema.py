@@ -11,7 +11,7 @@ ROW_SCHEMA: dict[str, str] = {
     "label": "str", "policy": "str", "preset": "str",
     "eviction": "str", "miss": "str", "admit": "f64", "budget": "f64", "slots": "i64", "slots_per_layer": "i64",
     "allocation": "str", "warm": "bool", "warmup_tokens": "i64", "reset_per_sequence": "bool", "batch": "i64",
-    "priced": "bool", "priced_as": "str", "hw": "str", "model": "str", "quant": "str",
+    "priced": "bool", "priced_as": "str", "hw": "str", "model": "str", "quant": "str", "engine": "str",
     "counted_tokens": "i64",
     **{name: "i64" for name in COUNTER_NAMES},
     "mass": "f64", "hit_rate": "f64", "miss_rate": "f64", "substitution_rate": "f64", "drop_rate": "f64",

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,16 +24,17 @@ class One:
 
 
 def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str | None = None,
-                 quant: str | None = None) -> One:
+                 quant: str | None = None, engine: str | None = None) -> One:
     """Replay ``config`` on ``trace`` (a path or a Routing), priced by (hw, model, quant) when the trace
     can be priced, together with the reference configs its sweep row is compared with."""
     import polars as pl
 
-    entry = load_traces([trace if isinstance(trace, (str, os.PathLike)) else trace])[0]
+    entry = load_traces([trace])[0]
     config = canonical(config)
     size = {"budgets": [config.budget]} if config.budget is not None else {"slots": [config.slots]}
     grid = Grid(evictions=[config.eviction], misses=[config.miss], admits=[config.admit],
                 allocations=[config.allocation], batches=[config.batch], hws=[hw], model=model, quants=[quant],
+                engine=engine,
                 warm=config.warm, warmup_tokens=config.warmup_tokens,
                 reset_per_sequence=config.reset_per_sequence, presets=False, **size)
     tasks, costs, cost_info, notes = plan([entry], grid)

@@ -53,14 +53,14 @@ def models_list(fmt):
 @FORMAT_OPTION
 def models_show(name, quants, fmt):
     """Show preset NAME (or a TOML file): geometry, parameters by group, bytes per expert and per decoded token."""
-    from moesim.costmodel.models import QUANT_SCHEMES, load_model
+    from moesim.costmodel.models import load_model
 
     m = load_model(name)
     s = m.summary()
     if quants:
         for q in quants:
-            if q not in QUANT_SCHEMES:
-                raise MoesimError(f"unknown quantization {q!r} (known: {', '.join(QUANT_SCHEMES)})")
+            if q not in m.quant_names():
+                raise MoesimError(f"unknown quantization {q!r} (known: {', '.join(m.quant_names())})")
         for key, fn in (("bytes_per_expert", m.bytes_per_expert), ("dense_bytes_per_token", m.dense_bytes_per_token),
                         ("active_bytes_per_token", m.active_bytes_per_token),
                         ("expert_bytes_total", m.expert_bytes_total), ("file_bytes", m.file_bytes)):

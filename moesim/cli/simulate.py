@@ -45,6 +45,9 @@ def cost_options(f):
         click.option("--model", default=None,
                      help="Model preset or TOML file (default: the preset matching the trace's model)."),
         click.option("--quant", default=None, help="Quantization: bf16, q8_0, q4_k_m, ... (default: native)."),
+        click.option("--engine", default=None,
+                     help="Engine profile that prices the replay: ideal (default), llama.cpp, mixtral-offloading, "
+                          "ktransformers, or a TOML file."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -68,7 +71,7 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
                    "Parquet file.")
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, hw, model, quant, per_token, fmt):
+            batch, hw, model, quant, engine, per_token, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine (with the speed-up over fetch-all with the same eviction
@@ -81,7 +84,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
 
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch)
-    one = simulate_one(trace, config, hw=hw, model=model, quant=quant)
+    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine)
     result = one.result
     if per_token:
         from moesim.files import write_table

@@ -53,6 +53,9 @@ def print_results(df, fmt: str, top: int | None, header: dict):
                                           "(default rtx3090-pcie4).")
 @click.option("--model", default=None, help="Model preset or TOML file (default: the trace's model).")
 @click.option("--quant", multiple=True, help="Quantization(s): bf16, q8_0, q4_k_m, ... (default: native).")
+@click.option("--engine", default=None,
+              help="Engine profile pricing the grid: ideal (default), llama.cpp, mixtral-offloading, ktransformers or "
+                   "a TOML file. The llama.cpp preset is always priced with the llama.cpp profile.")
 @click.option("--config", "config", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="TOML file declaring the grid (docs/sweep.md); flags given here replace its axes.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
@@ -69,7 +72,8 @@ def print_results(df, fmt: str, top: int | None, header: dict):
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-            reset_per_sequence, hw, model, quant, config, output, fmt, jobs, executor, top, flush_every, report_dir):
+            reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, flush_every,
+            report_dir):
     """Replay TRACE(s) through a grid of cache policies and print them ranked
     by time per token (by hit rate when the trace cannot be priced), with the
     speed-up over fetch-all, hit and substitution rates, substituted gate mass,
@@ -90,7 +94,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              misses=given(miss), thetas=given(theta), admits=given(admit),
                              allocations=given(allocation), batches=given(batch), warm=warm,
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=given(hw),
-                             model=model, quants=given(quant))
+                             model=model, quants=given(quant), engine=engine)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every)
