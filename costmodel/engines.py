@@ -10,12 +10,12 @@ overlap, step pinning) go in the same files.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 
 DEFAULT_ENGINE = "ideal"
 MISSES = ("any", "cpu", "fetch")
@@ -71,11 +71,7 @@ def load_engine(name_or_path: str | EngineProfile | None) -> EngineProfile:
         path = _preset_dir() / f"{name}.toml"
         if not path.is_file():
             raise MoesimError(f"unknown engine {name!r} (known: {', '.join(engine_names())})")
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
-    return _parse(doc, path)
+    return _parse(read_toml(path, "engine profile"), path)
 
 
 def _parse(doc: dict, path: Path) -> EngineProfile:

@@ -10,12 +10,12 @@ sub-table of each tier says where each number comes from (spec sheet, measured, 
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 
 GIB = 2 ** 30
 GB = 1e9
@@ -215,11 +215,7 @@ def load_hardware(name_or_path: str | HardwarePreset) -> HardwarePreset:
     if isinstance(name_or_path, HardwarePreset):
         return name_or_path
     path = hardware_path(str(name_or_path))
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
-    return _parse(doc, path)
+    return _parse(read_toml(path, "hardware file"), path)
 
 
 def _parse(doc: dict, path: Path) -> HardwarePreset:

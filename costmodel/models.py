@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 
 _G = ("expert", "dense", "router", "embed", "lm_head", "small")
 GROUPS = _G
@@ -333,10 +334,7 @@ def load_model(name_or_path: str) -> ModelPreset:
         path = _preset_dir() / f"{name_or_path}.toml"
         if not path.exists():
             raise MoesimError(f"unknown model preset {name_or_path!r} (known: {', '.join(model_names())})")
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
+    doc = read_toml(path, "model file")
     try:
         _check_keys(doc, _TOP_KEYS, "", path)
         moe, dense = doc["moe"], doc["dense"]

@@ -75,12 +75,13 @@ def vega_bundle(vl_version: str) -> str:
     except OSError:
         pass
     text = vlc.javascript_bundle(vl_version=vl_version)  # type: ignore[call-arg]  # the snippet is optional
-    try:
-        from moesim.files import write_text
+    from moesim.errors import MoesimError
+    from moesim.files import write_text
 
+    try:
         write_text(text, path)
-    except OSError:
-        pass  # a read-only home only costs the rebuild next time
+    except (OSError, MoesimError):
+        pass  # a read-only or full home only costs the rebuild next time
     return text
 
 

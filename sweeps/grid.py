@@ -21,11 +21,11 @@ import dataclasses
 import itertools
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 from moesim.policies import miss as miss_mod
 from moesim.policies import registry
 from moesim.simulator.config import SimConfig
@@ -256,13 +256,7 @@ def axis(name: str, values) -> list:
 
 def load_toml(path: str | os.PathLike) -> Grid:
     """A grid from a TOML file (keys at top level or under [sweep]); see docs/sweep.md."""
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except FileNotFoundError:
-        raise MoesimError(f"{path}: no such sweep file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
+    doc = read_toml(path, "sweep file")
     if isinstance(doc.get("sweep"), dict):
         doc = doc["sweep"]
     return grid_from_doc(doc, str(path))

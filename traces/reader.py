@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moesim.errors import MoesimError
+from moesim.files import regular_file
 from moesim.traces.meta import METADATA_KEY, PHASES, TraceMeta
 from moesim.traces.schema import required_columns
 
@@ -55,6 +56,7 @@ class TraceFile:
             raise MoesimError(f"{self.path}: no such file")
         if self.path.is_dir():
             raise MoesimError(f"{self.path}: is a directory, not a trace file")
+        regular_file(self.path, "trace file")  # a FIFO would block the reader forever
         try:
             self._pf = pq.ParquetFile(self.path, page_checksum_verification=True)
             schema = self._pf.schema_arrow
