@@ -182,18 +182,19 @@ def frange(start: float, stop: float, step: float) -> list[float]:
 
 
 def _number(text, what: str, integer: bool):
-    if integer:
-        try:
-            v = float(text)
-        except (TypeError, ValueError):
-            raise MoesimError(f"bad {what} {text!r}: expected a whole number") from None
-        if v != int(v):
-            raise MoesimError(f"bad {what} {text!r}: expected a whole number")
-        return int(v)
+    """A finite number (a whole one if ``integer``) from a flag or a TOML value; nan and inf are refused."""
+    kind = "a whole number" if integer else "a finite number"
+    if isinstance(text, bool):
+        raise MoesimError(f"bad {what} {text!r}: expected {kind}")
+    if integer and isinstance(text, int):
+        return text
     try:
-        return float(text)
-    except (TypeError, ValueError):
-        raise MoesimError(f"bad {what} {text!r}: expected a number") from None
+        v = float(text)
+    except (TypeError, ValueError, OverflowError):
+        raise MoesimError(f"bad {what} {text!r}: expected {kind}") from None
+    if not math.isfinite(v) or (integer and v != int(v)):
+        raise MoesimError(f"bad {what} {text!r}: expected {kind}")
+    return int(v) if integer else v
 
 
 def parse_values(values, what: str, integer: bool = False, allow_none: bool = False) -> list:
