@@ -37,7 +37,7 @@ _WHY = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota e
         errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
         errno.ENOTDIR: "a path component is a file, not a directory", errno.EISDIR: "is a directory",
         errno.ENOENT: "no such file or directory", errno.EXDEV: "crosses filesystems"}
-_POLARS_OS = re.compile(r"\(os error (\d+)\)")
+_ERRNO = re.compile(r"(?:os error|errno) (\d+)", re.IGNORECASE)
 
 
 def os_errno(exc: BaseException) -> int | None:
@@ -46,10 +46,10 @@ def os_errno(exc: BaseException) -> int | None:
     if isinstance(exc, OSError):
         if exc.errno is not None:
             return exc.errno
-        m = re.search(r"errno (\d+)", str(exc))
+        m = _ERRNO.search(str(exc))
         return int(m.group(1)) if m else 0
     if type(exc).__module__.startswith("polars"):
-        m = _POLARS_OS.search(str(exc))
+        m = _ERRNO.search(str(exc))
         return int(m.group(1)) if m else None
     return None
 
@@ -280,7 +280,7 @@ def atomic_files(paths: Iterable[PathLike], *, inputs: Iterable[PathLike | None]
     except BaseException as exc:
         for o in outs:
             o.discard()
-        err = _failed(outs[0].path, exc)
+        err = _failed(outs[-1].path, exc)
         if err is exc:
             raise
         raise err from None
@@ -371,6 +371,8 @@ def atomic_dir(path: PathLike, *, inputs: Iterable[PathLike | None] = ()) -> Ite
     try:
         yield tmp
         _publish_dir(tmp, path)
+    except MoesimError as exc:  # a file inside failed: name it where the user will look for it
+        raise MoesimError(str(exc).replace(str(tmp), str(path))) from None
     except BaseException as exc:
         err = _failed(path, exc)
         if err is exc:

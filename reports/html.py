@@ -86,8 +86,10 @@ def vega_bundle(vl_version: str) -> str:
 
 
 def _script_json(doc) -> str:
-    # "</" cannot end the <script> element early once written as "<\\/"; JSON parses it back.
-    return json.dumps(doc, separators=(",", ":")).replace("</", "<\\/")
+    # every <, > and & as a \\u escape: neither "</script>" nor "<!--" can end or change the element
+    from moesim.textsafe import script_json
+
+    return script_json(doc)
 
 
 def table_html(table) -> str:

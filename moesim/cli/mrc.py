@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import Progress
+from moesim.cli.output import Progress, echo
 from moesim.cli.simulate import EVICTION_HELP
 from moesim.cli.sweep import FORMAT
 from moesim.policies import registry
@@ -66,4 +66,4 @@ def command(trace, eviction, allocation, slots_grid, budget_grid, warmup_tokens,
         E = int(round(curve["slots_per_layer"][0] / curve["budget"][0]))
         click.echo(render(mrc_tables(curve, size_grid(E, slots, budgets)), fmt))
     if output:
-        click.echo(f"wrote {output} ({curve.height} rows) and its per-layer rows", err=True)
+        echo(f"wrote {output} ({curve.height} rows) and its per-layer rows", err=True)

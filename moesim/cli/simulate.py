@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json
+from moesim.cli.output import FORMAT_OPTION, echo, echo_json
 from moesim.policies import miss, registry
 
 EVICTION_HELP = registry.help_text()
@@ -103,7 +103,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
         echo_json(doc)
         return
     for line in render(doc):
-        click.echo(line)
+        echo(line)
 
 
 def render(doc: dict) -> list[str]:
