@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import itertools
 import os
 import re
@@ -304,9 +305,14 @@ def write_table(frame, path: PathLike, *, inputs: Iterable[PathLike | None] = ()
 
 
 def write_table_to(frame, tmp: Path, suffix: str) -> None:
-    """The bytes of ``write_table`` at a temporary path (for ``atomic_files``)."""
+    """The bytes of ``write_table`` at a temporary path (for ``atomic_files``). Encoded in memory first:
+    polars reports some failed writes (a full disk while it writes the Parquet footer) as 'invalid
+    thrift' without the OS error; Python's own write raises the OSError that says what happened."""
+    buf = io.BytesIO()
     writer = {".csv": frame.write_csv, ".parquet": frame.write_parquet, ".json": frame.write_json}[suffix]
-    writer(tmp)
+    writer(buf)
+    with open(tmp, "wb") as f:
+        f.write(buf.getbuffer())
 
 
 def write_text(text: str, path: PathLike, *, inputs: Iterable[PathLike | None] = ()) -> Path:

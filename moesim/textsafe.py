@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import re
 
-# C0 and C1 controls, DEL, and the bidirectional overrides/isolates that reorder text on screen
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls, DEL, the bidirectional overrides/isolates that reorder text on screen, and what XML
+# cannot hold (lone surrogates, U+FFFE/U+FFFF: vl-convert aborts the process on an SVG containing them)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x1b": "\\x1b"}
 
 
@@ -29,6 +30,17 @@ _MD = {"|": "\\|", "<": "&lt;", ">": "&gt;", "&": "&amp;", "\\": "\\\\", "`": "\
 _MD_RE = re.compile(r"[|<>&\\`]")
 
 
+def clean(doc):
+    """A JSON-like document (a chart spec with its data) with ``term`` applied to every string in it."""
+    if isinstance(doc, str):
+        return term(doc)
+    if isinstance(doc, dict):
+        return {clean(k): clean(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [clean(v) for v in doc]
+    return doc
+
+
 def markdown(value) -> str:
     """A Markdown table cell or line: no raw HTML, no row break, no column break, controls escaped."""
     return _MD_RE.sub(lambda m: _MD[m.group(0)], term(value))
@@ -43,4 +55,4 @@ def script_json(doc) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-__all__ = ["term", "markdown", "script_json"]
+__all__ = ["term", "clean", "markdown", "script_json"]
