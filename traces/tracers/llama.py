@@ -243,6 +243,8 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
     defaults put router logits ~1e-2 away from an f32 transformers run of the same
     weights, f32 KV without flash attention ~1e-5."""
     path = Path(gguf_path)
+    if not path.exists():
+        raise MoesimError(f"{gguf_path}: no such GGUF file")
     regular_file(path, "GGUF file")
     check_output(out, [path, *texts])
     llama_cpp, lib = import_llama()
