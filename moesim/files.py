@@ -346,8 +346,12 @@ def _publish_dir(tmp: Path, out: Path) -> None:
     """Move a finished directory into place. Replacing an old one is one atomic exchange on Linux;
     elsewhere two renames, with a moment in which ``out`` does not exist."""
     if not out.exists():
-        os.rename(tmp, out)
-        return
+        try:
+            os.rename(tmp, out)
+            return
+        except OSError as exc:  # another writer published first: replace its directory as below
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
     if _exchange(tmp, out):
         shutil.rmtree(tmp, ignore_errors=True)  # now the old directory
         return

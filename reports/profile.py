@@ -93,7 +93,7 @@ def domain_similarity(r: Routing, limit: int = MAX_DOMAINS) -> dict:
             lo = np.minimum(dist[a], dist[b]).sum(axis=1)
             hi = np.maximum(dist[a], dist[b]).sum(axis=1)
             matrix[a, b] = matrix[b, a] = float(np.mean(lo / hi))
-    out = {"measure": SIMILARITY_MEASURE, "domains": names, "matrix": matrix.tolist()}
+    out: dict[str, object] = {"measure": SIMILARITY_MEASURE, "domains": names, "matrix": matrix.tolist()}
     if total > len(present):
         out["domains_total"] = total
     return out

@@ -276,3 +276,21 @@ def test_temporary_names_are_unique(tmp_path):
     names = {files.temp_path(tmp_path / "x.parquet") for _ in range(100)}
     assert len(names) == 100 and all(p.name.startswith(f".x.parquet.{os.getpid()}-") for p in names)
     assert np.all([p.parent == tmp_path for p in names])
+
+
+def test_report_removes_a_killed_reports_temporary_and_fails_cleanly(trace, tmp_path, monkeypatch):
+    from moesim.reports import report
+
+    monkeypatch.setattr(report, "_make_figures_and_tables", lambda *a: ([], []))  # no charts: fast
+    dead = _dead_pid()
+    stale = tmp_path / f".rep.{dead}.partial"  # what kill -9 during `moesim report` leaves
+    (stale / "charts").mkdir(parents=True)
+    assert invoke("report", "--trace", trace, "-o", tmp_path / "rep").exit_code == 0
+    assert not stale.exists() and (tmp_path / "rep" / "index.html").exists()
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report, "_write", full)
+    one_line(invoke("report", "--trace", trace, "-o", tmp_path / "rep"), "no space left on the device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # the old report stays, no temporary
