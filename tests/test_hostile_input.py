@@ -199,3 +199,12 @@ def test_files_that_are_not_utf8(kind, tmp_path):
     path = tmp_path / "x.toml"
     path.write_bytes(b'name = "\xff\xfe"\n')
     one_line(invoke(kind, "show", path), "not UTF-8 text")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "[1]"])
+def test_hostile_engine_files(value, tmp_path):
+    src = PRESETS / "engines" / "llama.cpp.toml"
+    line = next(x for x in src.read_text().splitlines() if x.startswith("gpu_layer_us"))
+    path = _edited(tmp_path, src, line, f"gpu_layer_us = {value}")
+    one_line(invoke("estimate", "--model", "qwen3-30b-a3b", "--hw", "rtx3090-pcie4", "--engine", path),
+             "gpu_layer_us must be a number in 0..1e9")
