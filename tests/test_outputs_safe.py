@@ -294,3 +294,10 @@ def test_report_removes_a_killed_reports_temporary_and_fails_cleanly(trace, tmp_
     monkeypatch.setattr(report, "_write", full)
     one_line(invoke("report", "--trace", trace, "-o", tmp_path / "rep"), "no space left on the device")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # the old report stays, no temporary
+
+
+def test_export_never_overwrites_the_trace(trace, tmp_path):
+    t = copy_of(trace, tmp_path / "t.parquet")
+    before = t.read_bytes()
+    one_line(invoke("export", t, "-b", "0.25", "--format", "json", "-o", t), "is an input of this command")
+    assert t.read_bytes() == before
