@@ -33,9 +33,12 @@ class Figure:
     _spec: dict | None = field(default=None, repr=False)
 
     def spec(self) -> dict:
-        # to_dict validates against the Vega-Lite schema (~0.1 s a chart): once is enough
+        # to_dict validates against the Vega-Lite schema (~0.1 s a chart): once is enough. Control characters
+        # from data (domains, model ids) are escaped: vl-convert aborts the whole process on them.
         if self._spec is None:
-            self._spec = self.chart.to_dict()
+            from moesim.textsafe import clean
+
+            self._spec = clean(self.chart.to_dict())
         return self._spec
 
 

@@ -12,6 +12,7 @@ from moesim.simulator.kernel import COUNTER_NAMES
 
 SERIES_POINTS = 400
 MAX_RULES = 60
+MAX_SEGMENTS = 2000  # domain runs drawn one by one; more are binned
 GATE_BIN = 0.025  # 0.15 is a bin edge, so the threshold line never splits a bar
 
 _C = {name: i for i, name in enumerate(COUNTER_NAMES)}
@@ -48,19 +49,44 @@ def token_series(result, label: str, window: int, points: int = SERIES_POINTS):
     })
 
 
-def domain_segments(routing):
-    """Runs of consecutive tokens with the same (sequence, domain): start, end (exclusive), domain."""
+def domain_segments(routing, max_segments: int = MAX_SEGMENTS):
+    """Runs of consecutive tokens with the same (sequence, domain): start, end (exclusive), domain.
+    Beyond MAX_DOMAINS domains, those with fewer tokens are "(other domains)"; beyond ``max_segments``
+    runs, the strip is drawn in equal bins of tokens, each labelled with its most common domain (a
+    strip of 640 pixels cannot show more)."""
     import polars as pl
 
-    dom = np.asarray(routing.domain)
+    from moesim.reports.profile import MAX_DOMAINS, top_domains
+
+    raw = np.asarray(routing.domain).astype(np.int64)
     seq = np.asarray(routing.seq)
-    T = len(dom)
-    change = np.flatnonzero((dom[1:] != dom[:-1]) | (seq[1:] != seq[:-1])) + 1
+    T = len(raw)
+    kept, _ = top_domains(raw, MAX_DOMAINS)
+    labels = [routing.domain_names[c] for c in kept] + ["(no domain)", "(other domains)"]
+    lut = np.full(len(routing.domain_names) + 1, len(labels) - 1, dtype=np.int64)  # index -1: no domain
+    lut[kept] = np.arange(len(kept))
+    lut[-1] = len(labels) - 2
+    dom = lut[raw]
+    seq_start = np.concatenate([[False], seq[1:] != seq[:-1]])
+    change = np.flatnonzero((dom[1:] != dom[:-1]) | seq_start[1:]) + 1
+    if len(change) + 1 > max_segments:
+        width = -(-T // (max_segments // 2))
+        bins = np.arange(T) // width
+        hist = np.zeros((int(bins[-1]) + 1, len(labels)), dtype=np.int64)
+        np.add.at(hist, (bins, dom), 1)
+        label = hist.argmax(axis=1)
+        new_seq = np.zeros(len(label), dtype=bool)
+        new_seq[bins[seq_start]] = True
+        new_seq[0] = False
+        keep = np.concatenate([[True], (label[1:] != label[:-1]) | new_seq[1:]])
+        starts = np.flatnonzero(keep) * width
+        ends = np.concatenate([starts[1:], [T]])
+        return pl.DataFrame({"start": starts, "end": ends, "domain": [labels[i] for i in label[keep]],
+                             "new_sequence": new_seq[keep]})
     starts = np.concatenate([[0], change])
     ends = np.concatenate([change, [T]])
-    names = [routing.domain_names[d] if d >= 0 else "(no domain)" for d in dom[starts]]
-    new_seq = np.concatenate([[False], seq[starts[1:]] != seq[starts[1:] - 1]])
-    return pl.DataFrame({"start": starts, "end": ends, "domain": names, "new_sequence": new_seq})
+    return pl.DataFrame({"start": starts, "end": ends, "domain": [labels[i] for i in dom[starts]],
+                         "new_sequence": seq_start[starts]})
 
 
 def rolling_chart(series, segments, *, synthetic: bool, window: int, budget_note: str) -> Figure:
@@ -148,13 +174,16 @@ def similarity_chart(sim: dict, *, synthetic: bool) -> Figure:
         color=alt.condition("datum.similarity > 0.6", alt.value("white"), alt.value("black")),
     )
     side = max(160, 60 * len(names))
+    shown = (f"; the {len(names)} domains with the most tokens of {sim['domains_total']}"
+             if sim.get("domains_total") else "")
     chart = alt.layer(cells, text).properties(
         width=side, height=side,
         title=title("Expert overlap between domains", synthetic,
-                    "weighted Jaccard of expert-request shares, mean over layers (1 = same experts, 0 = disjoint)"))
+                    "weighted Jaccard of expert-request shares, mean over layers (1 = same experts, 0 = disjoint)"
+                    + shown))
     caption = ("How much two domains use the same experts: per layer, the weighted Jaccard similarity of the "
                "domains' expert-request distributions, averaged over layers (definition: docs/profile.md). "
-               "Low values mean a cache warmed on one domain misses on the other.")
+               "Low values mean a cache warmed on one domain misses on the other" + shown + ".")
     return Figure("domain_similarity", chart, caption)
 
 

@@ -144,7 +144,8 @@ def placement(trace, *, budget: float | None = None, slots: int | None = None, p
                      expected=expected)
 
 
-def write_placement(p: Placement, fmt: str, out: str | os.PathLike) -> None:
+def write_placement(p: Placement, fmt: str, out: str | os.PathLike, inputs=()) -> None:
+    """``inputs``: the files the placement was made from, which ``out`` must not replace."""
     if fmt not in FORMATS:
         raise MoesimError(f"unknown export format {fmt!r} (use {', '.join(FORMATS)})")
-    write_text(p.render(fmt), out)
+    write_text(p.render(fmt), out, inputs=inputs)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moesim.errors import MoesimError
+from moesim.files import atomic_dir, check_output
 
 MANIFEST = "report.json"
 FOCUS_SIZE = 0.25  # the per-token series replay the presets at the sweep's budget nearest 25% (the papers' ~25%)
@@ -180,8 +180,11 @@ def build_report(out: str | os.PathLike, *, results=None,
     t0 = time.perf_counter()
     if results is None and trace is None and quality is None:
         raise MoesimError("give sweep results, a trace, quality results, or any of them")
+    from moesim.sweeps.store import layers_path
+
     out = Path(out)
-    _check_destination(out)
+    inputs = [trace, quality] + ([results, layers_path(results)] if isinstance(results, (str, os.PathLike)) else [])
+    _check_destination(out, inputs)
     say = progress or (lambda msg: None)
     notes: list[str] = []
 
@@ -204,9 +207,8 @@ def build_report(out: str | os.PathLike, *, results=None,
         budgets = _budget_sizes(sweep, routing)
     budgets = sorted({float(b) for b in budgets})
 
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    # built in a temporary directory beside ``out`` (a killed run's is removed by the next one), renamed into place
+    with atomic_dir(out, inputs=inputs) as tmp:
         (tmp / "charts").mkdir(parents=True)
         (tmp / "tables").mkdir()
         figures, tables = _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say)
@@ -216,9 +218,6 @@ def build_report(out: str | os.PathLike, *, results=None,
                           synthetic=synthetic, notes=notes, title=title, say=say)
         manifest["seconds"] = round(time.perf_counter() - t0, 2)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        _publish(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return manifest
 
 
@@ -389,43 +388,10 @@ def _write(tmp: Path, out: Path, figures, tables, *, sweep, routing, model, synt
             "notes": notes, "files": {"html": "index.html", **files}}
 
 
-def _check_destination(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise MoesimError(f"{out}: exists and is not a directory")
+def _check_destination(out: Path, inputs) -> None:
+    check_output(out, inputs, directory=True)
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise MoesimError(f"{out}: exists and is not a moesim report (no {MANIFEST}); pick another -o or remove it")
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        at_fdcwd, rename_exchange = -100, 2
-        return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    """Move the finished directory into place. Replacing an old report is one atomic exchange on
-    Linux; elsewhere two renames, with a moment in which ``out`` does not exist."""
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    if _exchange(tmp, out):
-        shutil.rmtree(tmp, ignore_errors=True)  # now the old report
-        return
-    old = out.with_name(f".{out.name}.{os.getpid()}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 __all__ = ["build_report", "load_results", "hit_rate_curve", "SweepData", "MANIFEST"]

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from moesim.textsafe import markdown, term
+
 SYNTHETIC_TAG = "SYNTHETIC trace"
 
 
@@ -61,20 +63,21 @@ def cells(rows: list[dict], columns: list[Column]) -> list[list[str]]:
 
 def to_text(t: Table) -> str:
     heads = [c.header for c in t.columns]
-    widths = [max(len(h), *(len(row[i]) for row in t.cells)) if t.cells else len(h) for i, h in enumerate(heads)]
+    rows = [[term(v) for v in row] for row in t.cells]  # model ids and domains come from data files
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(heads)]
 
     def line(vals):
         return "  ".join(v.rjust(w) if c.align == "r" else v.ljust(w)
                          for v, w, c in zip(vals, widths, t.columns)).rstrip()
 
-    out = [t.title, line(heads), line(["-" * w for w in widths])] + [line(r) for r in t.cells]
+    out = [term(t.title), line(heads), line(["-" * w for w in widths])] + [line(r) for r in rows]
     if t.note:
-        out.append(t.note)
+        out.append(term(t.note))
     return "\n".join(out)
 
 
 def _md_escape(s: str) -> str:
-    return s.replace("|", "\\|")
+    return markdown(s)  # no raw HTML, no line or column break from a model id
 
 
 def to_markdown(t: Table) -> str:
@@ -92,7 +95,7 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
 
 
 def latex_escape(s: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in s)
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in term(s))
 
 
 def to_latex(t: Table, label: str | None = None) -> str:

@@ -21,11 +21,11 @@ import dataclasses
 import itertools
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 from moesim.policies import miss as miss_mod
 from moesim.policies import registry
 from moesim.simulator.config import SimConfig
@@ -182,18 +182,19 @@ def frange(start: float, stop: float, step: float) -> list[float]:
 
 
 def _number(text, what: str, integer: bool):
-    if integer:
-        try:
-            v = float(text)
-        except (TypeError, ValueError):
-            raise MoesimError(f"bad {what} {text!r}: expected a whole number") from None
-        if v != int(v):
-            raise MoesimError(f"bad {what} {text!r}: expected a whole number")
-        return int(v)
+    """A finite number (a whole one if ``integer``) from a flag or a TOML value; nan and inf are refused."""
+    kind = "a whole number" if integer else "a finite number"
+    if isinstance(text, bool):
+        raise MoesimError(f"bad {what} {text!r}: expected {kind}")
+    if integer and isinstance(text, int):
+        return text
     try:
-        return float(text)
-    except (TypeError, ValueError):
-        raise MoesimError(f"bad {what} {text!r}: expected a number") from None
+        v = float(text)
+    except (TypeError, ValueError, OverflowError):
+        raise MoesimError(f"bad {what} {text!r}: expected {kind}") from None
+    if not math.isfinite(v) or (integer and v != int(v)):
+        raise MoesimError(f"bad {what} {text!r}: expected {kind}")
+    return int(v) if integer else v
 
 
 def parse_values(values, what: str, integer: bool = False, allow_none: bool = False) -> list:
@@ -256,13 +257,7 @@ def axis(name: str, values) -> list:
 
 def load_toml(path: str | os.PathLike) -> Grid:
     """A grid from a TOML file (keys at top level or under [sweep]); see docs/sweep.md."""
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except FileNotFoundError:
-        raise MoesimError(f"{path}: no such sweep file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
+    doc = read_toml(path, "sweep file")
     if isinstance(doc.get("sweep"), dict):
         doc = doc["sweep"]
     return grid_from_doc(doc, str(path))

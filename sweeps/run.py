@@ -202,7 +202,7 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
         raise MoesimError(f"--jobs must be at least 1, got {jobs}")
     entries = load_traces(traces)
     tasks, costs, cost_info, notes = plan(entries, grid)
-    store = ResultStore(output)
+    store = ResultStore(output, inputs=[e.path for e in entries if e.path is not None])
     todo = [t for t in tasks if t.row_key not in store]
     reused = len(tasks) - len(todo)
     waiting: dict[str, list[Task]] = {}

@@ -188,8 +188,9 @@ def test_bad_inputs_are_one_line_errors(qwen, texts, tmp_path):
     for args, msg in [
         (["--text", str(texts[0]), "-m", "substitute"], "one cache size"),
         (["--text", str(texts[0]), "-b", "0.25", "--window", "1"], "--window"),
-        (["--text", str(tmp_path / "missing.txt"), "-b", "0.25"], "no such text file"),
+        (["--text", str(tmp_path / "missing.txt"), "-b", "0.25"], "no such file"),
         (["--text", str(texts[0]), "-b", "0.25", "--grid", "nonsense"], "--grid takes"),
+        (["--text", str(texts[0]), "-b", "0.25", "-o", str(texts[0])], "refusing to overwrite"),
     ]:
         res = CliRunner().invoke(cli, ["emulate", model_dir, *args])
         assert res.exit_code == 2, res.output

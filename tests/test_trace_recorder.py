@@ -37,7 +37,7 @@ def test_split_sequences_errors(tmp_path):
     a.write_text("abc")
     with pytest.raises(MoesimError, match="one --domain per --text"):
         split_sequences([str(a), str(a)], ["x", "y", "z"], _chars, 8)
-    with pytest.raises(MoesimError, match="no such text file"):
+    with pytest.raises(MoesimError, match="no such file"):
         split_sequences([str(tmp_path / "none.txt")], None, _chars, 8)
     (tmp_path / "e.txt").write_text("")
     with pytest.raises(MoesimError, match="empty"):

@@ -74,11 +74,22 @@ class MoesimGroup(click.Group):
         except BrokenPipeError:
             sys.stderr.close()
             sys.exit(1)
+        except Exception as exc:
+            # an OS error no writer or reader turned into a MoesimError (a full disk deep inside a
+            # library, a vanished file): still one line. Anything else is a bug: its traceback helps.
+            from moesim.files import os_errno, os_error_message
+
+            if os_errno(exc) is None:
+                raise
+            where = getattr(exc, "filename", None)
+            _fail((f"{where}: " if where else "") + os_error_message(exc), 2)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def _fail(message: str, code: int):
-    click.echo(f"moesim: error: {message}", err=True)
+    from moesim.textsafe import term
+
+    click.echo(f"moesim: error: {term(message)}", err=True)
     sys.exit(code)
 
 

@@ -81,6 +81,11 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
                                     reset_per_sequence=reset_per_sequence)
     for c in configs:
         policy.check_config(c)
+    if out:
+        from moesim.files import check_output
+
+        # the quality file of --grid is read and extended on purpose (resume); never a model or a text
+        check_output(out, [model_dir, *texts])
     em = load_emulator(model_dir, texts, domains=list(domains) or None, dtype=dtype, device=device, window=window,
                        max_tokens=max_tokens, candidates=candidates, dense=dense, drop=drop, model_id=model_id)
     for c in configs:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from moesim.cli.output import echo
+
 
 @click.command("export")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
@@ -37,15 +39,20 @@ def command(trace, budget, slots, policy, fmt, allocation, hw, model, quant, eng
 
     Example: moesim export traces/qwen3next.parquet -b 0.25 --format llama.cpp -o flags.txt
     """
+    from pathlib import Path
+
+    from moesim.files import check_output
     from moesim.reports.placement import placement, write_placement
 
+    inputs = [trace] + [f for f in (hw, model, engine) if f and Path(f).is_file()]
+    check_output(output, inputs)
     p = placement(trace, budget=budget, slots=slots, policy=policy, allocation=allocation, hw=hw, model=model,
                   quant=quant, engine=engine)
     text = p.render(fmt)  # a llama.cpp export of a per-expert policy fails here, before anything is written
-    write_placement(p, fmt, output)
+    write_placement(p, fmt, output, inputs=inputs)
     e = p.expected
     timed = f", {e['ms_per_token']:.2f} ms/token ({e['priced_as']})" if e.get("ms_per_token") is not None else ""
-    click.echo(f"wrote {output}: {p.policy} placement, {p.slots_per_layer} slots per layer; expected hit rate "
+    echo(f"wrote {output}: {p.policy} placement, {p.slots_per_layer} slots per layer; expected hit rate "
                f"{100 * e['hit_rate']:.1f}%{timed}")
     if fmt == "llama.cpp":
         click.echo("".join(line + "\n" for line in text.splitlines() if not line.startswith("#")), nl=False)

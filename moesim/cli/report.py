@@ -62,13 +62,15 @@ def echo_summary(manifest: dict, out: str) -> None:
     """What a report directory holds, in a few lines."""
     from pathlib import Path
 
+    from moesim.cli.output import echo
+
     files = manifest["files"]
     base = Path(out)
-    click.echo(f"wrote {base / files['html']} ({len(files['charts'])} charts, {len(files['tables'])} tables, "
+    echo(f"wrote {base / files['html']} ({len(files['charts'])} charts, {len(files['tables'])} tables, "
                f"{manifest['seconds']:.1f} s){'  [synthetic trace]' if manifest['synthetic'] else ''}")
     for name, f in files["charts"].items():
         click.echo(f"  chart  {name}: {base / f['png']}, {Path(f['svg']).name}")
     for name, f in files["tables"].items():
         click.echo(f"  table  {name}: {base / f['Markdown']}, {Path(f['LaTeX']).name}, {Path(f['CSV']).name}")
     for n in manifest["notes"]:
-        click.echo(f"  note   {n}")
+        echo(f"  note   {n}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json
+from moesim.cli.output import FORMAT_OPTION, echo, echo_json
 from moesim.policies import miss, registry
 
 EVICTION_HELP = registry.help_text()
@@ -80,8 +80,11 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
 
     Example: moesim simulate traces/qwen3next.parquet -e freq -m threshold:0.15 --admit 0.5 -b 0.25
     """
+    from moesim.files import check_output
     from moesim.sweeps.single import simulate_one
 
+    if per_token:
+        check_output(per_token, [trace])
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine)
@@ -89,7 +92,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     if per_token:
         from moesim.files import write_table
 
-        write_table(result.tokens_frame(), per_token)
+        write_table(result.tokens_frame(), per_token, inputs=[trace])
     row = one.row.row(0, named=True)
     doc = result.to_dict()
     doc["trace"].update(path=trace, model=row["model_id"])
@@ -100,7 +103,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
         echo_json(doc)
         return
     for line in render(doc):
-        click.echo(line)
+        echo(line)
 
 
 def render(doc: dict) -> list[str]:

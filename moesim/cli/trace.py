@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import Progress
+from moesim.cli.output import Progress, echo
 
 TEXTS = click.option("--text", "texts", multiple=True, required=True, type=click.Path(dir_okay=False),
                      help="A UTF-8 text file to run through the model (repeatable).")
@@ -32,7 +32,7 @@ def _done(out: str) -> None:
     from moesim.traces.info import trace_info
 
     d = trace_info(out)
-    click.echo(f"wrote {out}: {d['tokens']} tokens x {d['moe_layers']} MoE layers, top-{d['top_k']} of "
+    echo(f"wrote {out}: {d['tokens']} tokens x {d['moe_layers']} MoE layers, top-{d['top_k']} of "
                f"{d['experts']} ({d['family']}, {d['layout']} layout)")
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from moesim.costmodel.models import QUANT_BITS
 from moesim.errors import MoesimError
+from moesim.files import check_output, regular_file
 from moesim.traces.tracers.recorder import Capture, RouterRecorder
 from moesim.traces.tracers.texts import source_meta, split_sequences
 
@@ -310,8 +311,10 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
     llama.cpp's defaults put router logits ~1e-2 away from an f32 transformers run of the
     same weights, f32 KV without flash attention ~1e-5."""
     path = Path(gguf_path)
-    if not path.is_file():
+    if not path.exists():
         raise MoesimError(f"{gguf_path}: no such GGUF file")
+    regular_file(path, "GGUF file")
+    check_output(out, [path, *texts])
     llama_cpp, lib = import_llama()
     g = gguf_meta(path)
     check_supported(g, path)
