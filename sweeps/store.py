@@ -13,6 +13,7 @@ from pathlib import Path
 
 from moesim.errors import MoesimError
 from moesim.files import write_table
+from moesim.sweeps.grid import DEFAULT_BASELINE
 from moesim.sweeps.ranking import annotate
 from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame, polars_schema
 
@@ -23,16 +24,26 @@ def layers_path(path: str | os.PathLike) -> Path:
     return p.with_name(p.stem + ".layers" + p.suffix)
 
 
+# Columns older versions wrote that are now derived under another name (dropped when a file is read).
+RETIRED = ("speedup_vs_fetch_all",)
+
+
 def _conform(df, schema: dict[str, str]):
     """Columns in the store's order and types; unknown extra columns (a newer writer) are kept at the end."""
     import polars as pl
 
+    df = df.drop([c for c in RETIRED if c in df.columns])
     types = polars_schema(schema)
     cols = []
     for name, t in types.items():
         cols.append(pl.col(name).cast(t) if name in df.columns else pl.lit(None, dtype=t).alias(name))
     extra = [c for c in df.columns if c not in types]
     return df.select(cols + extra)
+
+
+def conform_rows(df):
+    """A results table (of any moesim version) in the store's row columns and types."""
+    return _conform(df, ROW_SCHEMA)
 
 
 def _remove_stale_partials(path: Path) -> None:
@@ -51,9 +62,10 @@ def _remove_stale_partials(path: Path) -> None:
 class ResultStore:
     """Rows of one results file, plus what this process adds; ``flush`` rewrites both files."""
 
-    def __init__(self, path: str | os.PathLike | None):
+    def __init__(self, path: str | os.PathLike | None, *, baseline: str = DEFAULT_BASELINE, rank_by: str = "class"):
         import polars as pl
 
+        self.baseline, self.rank_by = baseline, rank_by
         self.path = Path(path) if path is not None else None
         if self.path is not None and self.path.suffix != ".parquet":
             raise MoesimError(f"{self.path}: sweep results are stored as Parquet (-o NAME.parquet); "
@@ -92,7 +104,7 @@ class ResultStore:
         import polars as pl
 
         df = pl.concat([self.old_rows, frame(self.new_rows, ROW_SCHEMA)], how="diagonal_relaxed")
-        return annotate(df)
+        return annotate(df, self.baseline, self.rank_by)
 
     def layers(self):
         import polars as pl
