@@ -162,7 +162,7 @@ def to_latex(t: Table, label: str | None = None) -> str:
         out.append(rf"\label{{{latex_label(label)}}}")
     out += [rf"\sbox0{{\begin{{tabular}}{{{spec}}}", r"\hline", head + r" \\", r"\hline"]
     out += [" & ".join(cell(v, c) for v, c in zip(row, t.columns)) + r" \\" for row in t.cells]
-    out += [r"\hline", r"\end{tabular}}%", _LATEX_FIT, r"\end{table}"]
+    out += [r"\hline", r"\end{tabular}}", _LATEX_FIT, r"\end{table}"]
     return "\n".join(out)
 
 
