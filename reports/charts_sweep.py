@@ -60,21 +60,27 @@ def _baseline_name(rows) -> str:
     return ", ".join(names) or "the baseline"
 
 
-def _off_chart(frame, limit: float) -> str:
+def _off_chart(frame, limit: float) -> list[str]:
     """The configs slower than the plotted range, named (with their time) for the subtitle."""
     import polars as pl
 
     off = frame.filter(pl.col("ms_per_token") > limit).sort("ms_per_token")
     if off.height == 0:
-        return ""
+        return []
     names = [f"{p}{f' [{n}]' if n else ''} {ms:.1f} ms" for p, n, ms in
              off.unique(["policy", "preset"], maintain_order=True).select("policy", "preset", "ms_per_token").rows()]
-    return f"off the chart, slower than {limit:.1f} ms: " + "; ".join(names)
+    return _lines(f"off the chart, slower than {limit:.1f} ms: " + "; ".join(names), 110)
+
+
+def _lines(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)
 
 
 def pareto_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:
-    """Time per token against substituted mass per step, one panel per cache size (stacked), the y axis
-    cut just above the baseline's time (slower configs are named in the subtitle, not plotted)."""
+    """Time per token against substituted mass per step, one panel per cache size (stacked), each time axis
+    cut just above the panel's baseline (slower configs are named above the panel, not plotted)."""
     import altair as alt
     import polars as pl
 
@@ -89,65 +95,67 @@ def pareto_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:
         "policy", "preset", "label_below", "eviction", "miss", "size", "size_label", "ms_per_token", "mass_per_step",
         "speedup", "hit_rate", "pareto", "first_choice")
     check_rows(frame, "time vs mass")
-    # the baseline runs without a policy: configs slower than it (everything on the CPU, llama.cpp's layer
-    # placement) would stretch the axis and squeeze the interesting cluster into a sliver
-    base = frame.filter(pl.col("speedup").is_not_null() & ((pl.col("speedup") - 1.0).abs() < 1e-12))
-    limit = 1.08 * float(base["ms_per_token"].max()) if base.height else float(frame["ms_per_token"].max())
-    subtitle_off = _off_chart(frame, limit)
-    shown = frame.filter(pl.col("ms_per_token") <= limit)
-    misses = [m for m in MISS_ORDER if m in shown["miss"].unique().to_list()]
-    misses += sorted(set(shown["miss"].unique().to_list()) - set(misses))
-    evictions = _evictions(shown["eviction"].unique().to_list())
+    misses = [m for m in MISS_ORDER if m in frame["miss"].unique().to_list()]
+    misses += sorted(set(frame["miss"].unique().to_list()) - set(misses))
+    evictions = _evictions(frame["eviction"].unique().to_list())
     # sqrt: the useful policies sit near zero mass, next to never-fetching ones further out
-    x = alt.X("mass_per_step:Q", title="substituted + dropped gate mass per (token, layer) step (sqrt scale)",
-              scale=alt.Scale(type="sqrt", domain=[0, max(0.02, 1.05 * float(shown["mass_per_step"].max() or 0))],
-                              nice=False))
-    # not from zero: the policies worth comparing differ by a few percent in time
-    low = 0.92 * float(shown["ms_per_token"].min())
-    y = alt.Y("ms_per_token:Q", title="time per token (ms; axis not from 0)",
-              scale=alt.Scale(zero=False, domain=[low, limit], nice=False))
+    x_scale = alt.Scale(type="sqrt", domain=[0, max(0.02, 1.05 * float(frame["mass_per_step"].max() or 0))],
+                        nice=False)
+    color = alt.Color("miss:N", title="miss policy", sort=misses)
+    shape = alt.Shape("eviction:N", title="eviction", sort=evictions, scale=alt.Scale(range=SHAPES))
+    dash = alt.StrokeDash("first_choice:N", title="Pareto front, 1st choice",
+                          scale=alt.Scale(domain=["kept", "may lose"], range=[[1, 0], [5, 3]]))
     tooltip = ["policy:N", "preset:N", alt.Tooltip("ms_per_token:Q", format=".2f", title="ms per token"),
                alt.Tooltip("mass_per_step:Q", format=".4f", title="mass per step"),
                alt.Tooltip("speedup:Q", format=".2f", title="speed-up"),
                alt.Tooltip("hit_rate:Q", format=".1%", title="hit rate"),
                alt.Tooltip("first_choice:N", title="1st choice")]
-    base_chart = alt.Chart().encode(x=x, y=y)
-    points = base_chart.mark_point(filled=True, size=70, opacity=0.8, stroke="white", strokeWidth=0.6).encode(
-        color=alt.Color("miss:N", title="miss policy", sort=misses),
-        shape=alt.Shape("eviction:N", title="eviction", sort=evictions, scale=alt.Scale(range=SHAPES)),
-        tooltip=tooltip,
-    )
-    # one front per first-choice class: mass compares policies within a class only
-    front = base_chart.transform_filter("datum.pareto").mark_line(
-        strokeWidth=1.4, interpolate="step-after", opacity=0.8).encode(
-        order="mass_per_step:Q",
-        strokeDash=alt.StrokeDash("first_choice:N", title="Pareto front, 1st choice",
-                                  scale=alt.Scale(domain=["kept", "may lose"], range=[[1, 0], [5, 3]])),
-        color=alt.value("black"))
-    preset = base_chart.transform_filter("datum.preset != ''")
-    rings = preset.mark_point(size=260, color="black", strokeWidth=1.5, filled=False).encode(tooltip=tooltip)
-    # alternate labels above and below so neighbouring presets (quality-first, speed-first) stay readable
     label: dict[str, Any] = dict(align="left", dx=10, fontSize=12, fontWeight="bold")
-    labels_above = preset.transform_filter("!datum.label_below").mark_text(dy=-9, **label).encode(text="preset:N")
-    labels_below = preset.transform_filter("datum.label_below").mark_text(dy=13, **label).encode(text="preset:N")
-    sizes = shown.select("size", "size_label").unique().sort("size")["size_label"].to_list()
-    subtitle = [f"priced as {priced_as}; black lines: Pareto fronts of each budget (solid: policies that keep the "
-                "router's first choice, dashed: may lose it); ringed: named presets"]
-    if subtitle_off:
-        subtitle.append(subtitle_off)
-    chart = alt.layer(points, front, rings, labels_above, labels_below, data=shown).properties(
-        width=PLOT_WIDTH, height=330).facet(
-        row=alt.Row("size_label:N", title=None, sort=sizes,
-                    header=alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start", labelFontWeight="bold")),
-    ).resolve_scale(x="shared", y="shared").properties(
-        title=title("Time per token against substituted gate mass", synthetic, subtitle))
+    panels = []
+    sizes = frame.select("size", "size_label").unique().sort("size").rows()
+    for i, (size, size_label) in enumerate(sizes):
+        part = frame.filter(pl.col("size") == size)
+        # the baseline runs without a policy: configs slower than it (everything on the CPU, llama.cpp's layer
+        # placement) would stretch the axis and squeeze the configs worth comparing into a sliver
+        base = part.filter(pl.col("speedup").is_not_null() & ((pl.col("speedup") - 1.0).abs() < 1e-12))
+        limit = 1.08 * float((base if base.height else part)["ms_per_token"].max())
+        shown = part.filter(pl.col("ms_per_token") <= limit)
+        low = 0.92 * float(shown["ms_per_token"].min())  # not from zero: these differ by a few percent
+        x = alt.X("mass_per_step:Q", scale=x_scale, title=(X_MASS if i == len(sizes) - 1 else None))
+        y = alt.Y("ms_per_token:Q", title="time per token (ms; axis not from 0)",
+                  scale=alt.Scale(zero=False, domain=[low, limit], nice=False))
+        enc = alt.Chart(shown).encode(x=x, y=y)
+        points = enc.mark_point(filled=True, size=70, opacity=0.8, stroke="white", strokeWidth=0.6).encode(
+            color=color, shape=shape, tooltip=tooltip)
+        front = enc.transform_filter("datum.pareto").mark_line(
+            strokeWidth=1.4, interpolate="step-after", opacity=0.8, color="black").encode(
+            order="mass_per_step:Q", strokeDash=dash)
+        preset = enc.transform_filter("datum.preset != ''")
+        rings = preset.mark_point(size=260, color="black", strokeWidth=1.5, filled=False).encode(tooltip=tooltip)
+        # alternate labels above and below so neighbouring presets (quality-first, speed-first) stay readable
+        above = preset.transform_filter("!datum.label_below").mark_text(dy=-9, **label).encode(text="preset:N")
+        below = preset.transform_filter("datum.label_below").mark_text(dy=13, **label).encode(text="preset:N")
+        off = _off_chart(part, limit)
+        panels.append(alt.layer(points, front, rings, above, below).properties(
+            width=PLOT_WIDTH, height=300,
+            title=alt.TitleParams(size_label, subtitle=off or alt.Undefined, anchor="start", fontSize=13,
+                                  subtitleColor="#555")))
+    chart = alt.vconcat(*panels, spacing=18).resolve_scale(x="shared", color="shared", shape="shared").properties(
+        title=title("Time per token against substituted gate mass", synthetic,
+                    [f"priced as {priced_as}; ringed: named presets",
+                     "black lines: Pareto fronts (solid: policies that keep the router's first choice, "
+                     "dashed: may lose it)"]))
     caption = ("Each point is one policy configuration: the time per decoded token on the priced machine against "
                "the substituted (and dropped) gate mass per step. Mass ranks policies by quality only among those "
                "that always run the router's first choice (the substitution study: r ~ 0.92 with the perplexity "
                "increase there); the two classes have separate Pareto fronts (solid and dashed: no other config of "
-               "the class is both faster and loses less mass). Ringed points are the named presets. The time axis "
-               f"ends just above the baseline ({_baseline_name(rows)}); slower configs are named in the subtitle.")
+               "the class is both faster and loses less mass). Ringed points are the named presets. Each budget's "
+               f"time axis ends just above its baseline ({_baseline_name(rows)}); slower configs are named above "
+               "the panel.")
     return Figure("time_vs_mass", chart, caption)
+
+
+X_MASS = "substituted + dropped gate mass per (token, layer) step (sqrt scale)"
 
 
 def speedup_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:
