@@ -216,9 +216,8 @@ NOTE_COLUMNS = ("subst% = requests served by a substitute expert; drop% = reques
 
 
 def columns_for(priced: bool, wide: bool, any_unfit: bool) -> list[Column]:
-    cols = PRICED_COLUMNS + (WIDE_COLUMNS if wide else [])
-    if any_unfit or wide:
-        cols = cols[:-1] + [FITS_COLUMN, cols[-1]]
+    cols = PRICED_COLUMNS[:-1] + (WIDE_COLUMNS if wide else []) + ([FITS_COLUMN] if any_unfit or wide else []) \
+        + PRICED_COLUMNS[-1:]
     if not priced:
         cols = [c for c in cols if c.key not in _TIME_KEYS and c.key != "fits_in_vram"]
     return cols
@@ -253,7 +252,8 @@ def pricing_lines(members: list[dict]) -> list[str]:
     r = next(m for m in members if m["engine"] == common)  # the grid's engine; presets may use their own
     if not r["priced"]:
         return [f"not priced ({r['priced_as']}); ranked by {r['ranked_by']}"]
-    profiles = sorted({f"{m['preset'] or m['policy']} with the {m['engine']} profile" for m in members
+    profiles = sorted({f"the {m['preset']} preset with the {m['engine']} engine profile" if m["preset"] else
+                       f"{m['policy']} with the {m['engine']} engine profile" for m in members
                        if m["engine"] != r["engine"]})
     priced = r["priced_as"] + (f" ({'; '.join(profiles)})" if profiles else "")
     lines = [f"priced as {priced}; speed-up over {r['baseline'] or '(no baseline row)'}; "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json
+from moesim.cli.output import FORMAT_OPTION, WIDTH, echo_json
 from moesim.policies import miss, registry
 
 EVICTION_HELP = registry.help_text()
@@ -104,8 +104,12 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     if fmt == "json":
         echo_json(doc)
         return
+    import textwrap
+
     for line in render(doc):
-        click.echo(line)
+        # long lines wrap under their value (the labels are 12 characters wide)
+        for part in textwrap.wrap(line, WIDTH, subsequent_indent=" " * 12, break_on_hyphens=False) or [""]:
+            click.echo(part)
 
 
 def render(doc: dict) -> list[str]:
@@ -131,7 +135,7 @@ def render(doc: dict) -> list[str]:
         lines += [
             f"time        {1e3 * tm['s_per_token']:.2f} ms/token "
             f"({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
-            f"{_times(doc['speedup'])} vs the {doc['baseline']}",
+            f"{_times(doc['speedup'])} vs {doc['baseline']}",
             f"priced as   {doc['priced_as']} (quantization {doc['quant_choice']})",
             f"moved/token link {by['link_sync'] / 1e6:.1f} MB sync + {by['link_background'] / 1e6:.1f} MB background, "
             f"NVMe {by['nvme'] / 1e6:.1f} MB, CPU {by['cpu'] / 1e6:.1f} MB",
