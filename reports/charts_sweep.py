@@ -91,9 +91,11 @@ def pareto_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:
         .alias("first_choice"),
     )
     names = sorted({p for p in frame["preset"].to_list() if p})
-    frame = frame.with_columns(pl.col("preset").is_in(names[1::2]).alias("label_below")).select(
+    frame = frame.with_columns(pl.col("preset").is_in(names[1::2]).alias("label_below"),
+                               (pl.col("fits_in_vram").fill_null(True) if "fits_in_vram" in frame.columns
+                                else pl.lit(True)).alias("fits")).select(
         "policy", "preset", "label_below", "eviction", "miss", "size", "size_label", "ms_per_token", "mass_per_step",
-        "speedup", "hit_rate", "pareto", "first_choice")
+        "speedup", "hit_rate", "pareto", "first_choice", "fits")
     check_rows(frame, "time vs mass")
     misses = [m for m in MISS_ORDER if m in frame["miss"].unique().to_list()]
     misses += sorted(set(frame["miss"].unique().to_list()) - set(misses))
@@ -136,6 +138,10 @@ def pareto_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:
         above = preset.transform_filter("!datum.label_below").mark_text(dy=-9, **label).encode(text="preset:N")
         below = preset.transform_filter("datum.label_below").mark_text(dy=13, **label).encode(text="preset:N")
         off = _off_chart(part, limit)
+        unfit = part.filter(~pl.col("fits"))
+        if unfit.height:
+            off = [f"WARNING: this cache does not fit in the machine's VRAM ({unfit.height} of {part.height} "
+                   "configs): their times describe a machine that does not exist"] + off
         panels.append(alt.layer(points, front, rings, above, below).properties(
             width=PLOT_WIDTH, height=300,
             title=alt.TitleParams(size_label, subtitle=off or alt.Undefined, anchor="start", fontSize=13,

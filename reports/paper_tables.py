@@ -164,6 +164,10 @@ def policy_table(configs, *, model: str, synthetic: bool, priced_as: str | None)
         out["ms/token"] = (1e3 * rows["s_per_token"]).to_list()
         out["speed-up (×)"] = rows["speedup"].to_list()
     out["1st choice"] = ["kept" if k else "may lose" for k in rows["keeps_first_choice"].to_list()]
+    fits = rows["fits_in_vram"].to_list() if "fits_in_vram" in rows.columns else []
+    unfit = timed and any(f is False for f in fits)
+    if unfit:
+        out["fits"] = ["" if f is None else ("yes" if f else "NO") for f in fits]
     out[PPL_COLUMN] = [None] * len(rows)
     frame = pl.DataFrame(out, schema_overrides={PPL_COLUMN: pl.Utf8})
     formats = {"budget (%)": ".1f", "hit (%)": ".1f", "subst. (%)": ".1f", "drop (%)": ".1f", "mass/step": ".4f",
@@ -181,6 +185,8 @@ def policy_table(configs, *, model: str, synthetic: bool, priced_as: str | None)
                + (f"Time priced as {priced_as}; speed-up = time per token of {', '.join(baselines) or 'the baseline'} "
                   "at the same budget divided by the row's. " if timed
                   else "Not priced (no model preset for the trace). ")
+               + ("WARNING: the rows marked fits = NO need more VRAM for their cache than the machine has free for "
+                  "experts; their times describe a machine that does not exist. " if unfit else "")
                # ASCII only: pdflatex rejects a bare Δ in running text
                + "The last column is left empty for the perplexity change measured with the real model.")
     return PaperTable("policies", "Policies: substitution, mass and time per token", caption, frame, formats)

@@ -267,3 +267,22 @@ def test_results_without_their_trace(rep, tmp_path):
     spec = json.loads((tmp_path / "out" / "charts" / "hit_rate_vs_budget.vl.json").read_text())
     (data,) = [v for v in spec["datasets"].values() if v and "eviction" in v[0]]
     assert len(data) == 6 * len(BUDGETS)  # six evictions
+
+
+def test_a_cache_that_does_not_fit_is_flagged_in_the_report(rep, tmp_path):
+    """bf16 Qwen3-30B-A3B at half its experts needs 27 GiB of VRAM; the RTX 3090 preset has 20.2 GiB free."""
+    from moesim.reports.report import build_report
+    from moesim.sweeps.grid import Grid
+    from moesim.sweeps.run import run_sweep
+
+    out = run_sweep([rep["trace"]], Grid(budgets=[0.5], quants=["bf16"], evictions=["lru"],
+                                         misses=["fetch-all", "first-choice"], admits=[None], presets=False), jobs=1)
+    m = build_report(tmp_path / "r", results=out)
+    assert any(n.startswith("WARNING: at budget 50% the cache needs 27.0 GiB of VRAM") for n in m["notes"])
+    table = pl.read_csv(tmp_path / "r" / "tables" / "policies.csv")
+    assert set(table["fits"]) == {"NO"}
+    assert "fits = NO" in (tmp_path / "r" / "tables" / "policies.md").read_text()
+    html = (tmp_path / "r" / "index.html").read_text()
+    assert "WARNING: at budget 50%" in html and "quantization" in html and "bf16: given" in html
+    spec = json.loads((tmp_path / "r" / "charts" / "time_vs_mass.vl.json").read_text())
+    assert "does not fit" in json.dumps(spec["vconcat"][0]["title"])
