@@ -1,5 +1,5 @@
 """Every LaTeX table moesim writes compiles with pdflatex in a one-column article and fits its text width:
-the report's tables (routing profile, policies) and the sweep's `--format latex`. A table wider than the
+the report's tables (routing profile, policies), the sweep's and mrc's `--format latex`. A table wider than the
 text is scaled to it (\\resizebox); the natural width goes to the log, and must stay within 1.25x the
 text width (a table shrunk further is too small to read). Skips where pdflatex is missing (.ci/run
 installs Debian's texlive-latex-base)."""
@@ -60,6 +60,12 @@ def test_sweep_latex_compiles_and_fits(tmp_path):
     rep = built_report()
     tex = run_cli("sweep", rep["trace"], "--budget", "0.25", "-o", rep["results"], "--format", "latex").stdout
     check(compile_table(tex, tmp_path), "sweep --format latex")
+
+
+def test_mrc_latex_compiles_and_fits(tmp_path):
+    rep = built_report()
+    tex = run_cli("mrc", rep["trace"], "-e", "lru", "-e", "belady", "--format", "latex", "--jobs", "1").stdout
+    check(compile_table(tex, tmp_path), "mrc --format latex")
 
 
 def test_an_old_style_label_breaks_pdflatex(tmp_path):

@@ -138,5 +138,5 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     if report_dir:
         from moesim.reports.report import build_report
 
-        build_report(report_dir, results=out.output or out, trace=traces[0])
+        build_report(report_dir, results=out.output or out, trace=traces[0], baseline=grid.baseline)
         click.echo(f"report: {report_dir}/index.html", err=True)
