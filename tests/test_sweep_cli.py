@@ -246,3 +246,26 @@ def test_errors_are_one_line(trace, tmp_path):
     assert res.exit_code == 2 and "Parquet" in res.output
     res = run_cli("sweep", trace, "--budget", "0.001", ok=False)
     assert res.exit_code == 2 and "smallest budget" in res.output
+
+
+def test_results_written_before_the_one_baseline_still_read(swept, trace, tmp_path):
+    """A file of the previous layout (speedup_vs_fetch_all, no baseline/class/quantization columns) is
+    resumed: nothing recomputed, the derived columns recomputed, the retired column dropped (the file is
+    rewritten only when rows are added; readers recompute the derived columns)."""
+    import shutil
+
+    out, _ = swept
+    old = tmp_path / "old.parquet"
+    shutil.copy(layers_path(out), layers_path(old))
+    df = pl.read_parquet(out)
+    df.rename({"speedup": "speedup_vs_fetch_all"}).drop(
+        "baseline", "keeps_first_choice", "quant_choice", "vram_gib_free").write_parquet(old)
+    res = run_cli("sweep", trace, "--budget", "0.125", "--budget", "0.25", "-o", old, "--format", "json")
+    assert "0 computed, 74 already in" in res.stderr
+    again = pl.DataFrame(json.loads(res.stdout)["rows"])
+    assert "speedup_vs_fetch_all" not in again.columns and list(again.columns) == list(ROW_SCHEMA)
+    assert again.sort("row_key")["speedup"].to_list() == pytest.approx(df.sort("row_key")["speedup"].to_list())
+    assert set(again["baseline"]) == {"lru / fetch-all (fetch-all preset)"}
+    # adding a row rewrites the file in the current layout
+    run_cli("sweep", trace, "--budget", "0.125", "--budget", "0.25", "-o", old, "--baseline", "belady/drop")
+    assert list(pl.read_parquet(old).columns) == list(ROW_SCHEMA)
