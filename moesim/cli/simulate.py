@@ -44,7 +44,9 @@ def cost_options(f):
                      help="Hardware preset or TOML file (moesim hw list; default rtx3090-pcie4)."),
         click.option("--model", default=None,
                      help="Model preset or TOML file (default: the preset matching the trace's model)."),
-        click.option("--quant", default=None, help="Quantization: bf16, q8_0, q4_k_m, ... (default: native)."),
+        click.option("--quant", default=None,
+                     help="Quantization: bf16, q8_0, q4_k_m, ... (default: the native format if it fits the machine, "
+                          "else Q8_0 or Q4_K_M; docs/costmodel.md)."),
         click.option("--engine", default=None,
                      help="Engine profile that prices the replay: ideal (default), llama.cpp, mixtral-offloading, "
                           "ktransformers, or a TOML file."),

@@ -53,7 +53,9 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @click.option("--hw", multiple=True, help="Hardware preset or TOML file; repeat to compare machines "
                                           "(default rtx3090-pcie4).")
 @click.option("--model", default=None, help="Model preset or TOML file (default: the trace's model).")
-@click.option("--quant", multiple=True, help="Quantization(s): bf16, q8_0, q4_k_m, ... (default: native).")
+@click.option("--quant", multiple=True, help="Quantization(s): bf16, q8_0, q4_k_m, ... (default: the native format if "
+                                             "it fits the machine, else Q8_0 or Q4_K_M, for the largest cache; "
+                                             "docs/costmodel.md).")
 @click.option("--engine", default=None,
               help="Engine profile pricing the grid: ideal (default), llama.cpp, mixtral-offloading, ktransformers or "
                    "a TOML file. The llama.cpp preset is always priced with the llama.cpp profile.")
