@@ -51,11 +51,12 @@ def attach_quality(rows, quality):
                              pl.Series("dppl_shown", shown, dtype=pl.Utf8))
 
 
-def within(rows, max_dppl: float):
-    """Only the rows whose dppl % (measured or estimated) is at most ``max_dppl``, re-ranked."""
+def within(rows, max_dppl: float, **ranking):
+    """Only the rows whose dppl % (measured or estimated) is at most ``max_dppl``, re-ranked
+    (``ranking``: annotate's baseline and rank_by, as the sweep ranked them)."""
     import polars as pl
 
     from moesim.sweeps.ranking import annotate
 
     kept = rows.filter(pl.col("dppl_pct").is_not_null() & (pl.col("dppl_pct") <= max_dppl))
-    return annotate(kept)
+    return annotate(kept, **ranking)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from moesim.errors import MoesimError
 from moesim.files import atomic_files, check_output, write_error, write_table_to
+from moesim.sweeps.grid import DEFAULT_BASELINE
 from moesim.sweeps.ranking import annotate
 from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame, polars_schema
 
@@ -44,10 +45,15 @@ def lock_path(path: str | os.PathLike) -> Path:
     return p.with_name(f".{p.name}.lock")
 
 
+# Columns older versions wrote that are now derived under another name (dropped when a file is read).
+RETIRED = ("speedup_vs_fetch_all",)
+
+
 def _conform(df, schema: dict[str, str]):
     """Columns in the store's order and types; unknown extra columns (a newer writer) are kept at the end."""
     import polars as pl
 
+    df = df.drop([c for c in RETIRED if c in df.columns])
     types = polars_schema(schema)
     cols = []
     for name, t in types.items():
@@ -108,11 +114,18 @@ def _read(path: Path):
     return rows.filter(pl.col("row_key").is_in(done)), layers.filter(pl.col("row_key").is_in(done))
 
 
+def conform_rows(df):
+    """A results table (of any moesim version) in the store's row columns and types."""
+    return _conform(df, ROW_SCHEMA)
+
+
 class ResultStore:
     """Rows of one results file, plus what this process adds; ``flush`` merges them into both files.
     ``inputs``: the sweep's traces, which neither file may be."""
 
-    def __init__(self, path: str | os.PathLike | None, inputs=()):
+    def __init__(self, path: str | os.PathLike | None, inputs=(), *, baseline: str = DEFAULT_BASELINE,
+                 rank_by: str = "class"):
+        self.baseline, self.rank_by = baseline, rank_by
         self.path = Path(path) if path is not None else None
         if self.path is not None and self.path.suffix != ".parquet":
             raise MoesimError(f"{self.path}: sweep results are stored as Parquet (-o NAME.parquet); "
@@ -165,7 +178,7 @@ class ResultStore:
         import polars as pl
 
         df = pl.concat([self.old_rows, frame(self.new_rows, ROW_SCHEMA)], how="diagonal_relaxed")
-        return annotate(df)
+        return annotate(df, self.baseline, self.rank_by)
 
     def layers(self):
         import polars as pl

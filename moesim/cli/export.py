@@ -25,7 +25,9 @@ from moesim.cli.output import echo
               help="static: the same number of experts per layer, or the most requested over all layers.")
 @click.option("--hw", default=None, help="Hardware preset or TOML file that prices the expected time per token.")
 @click.option("--model", default=None, help="Model preset, TOML or GGUF file (default: the trace's model).")
-@click.option("--quant", default=None, help="Quantization (default: the model's native format).")
+@click.option("--quant", default=None,
+              help="Quantization (default: the native format if it fits the machine, else Q8_0 or Q4_K_M; "
+                   "docs/costmodel.md).")
 @click.option("--engine", default=None,
               help="Engine profile pricing the expected time per token (default: llama.cpp for static-layers, "
                    "the ideal bandwidth model for static).")

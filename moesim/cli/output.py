@@ -46,10 +46,21 @@ def _fmt(v) -> str:
     return term(v)
 
 
-def echo_kv(rows: list[tuple[str, object]]) -> None:
-    width = max(len(k) for k, _ in rows)
+WIDTH = 120  # terminal output fits this many columns
+
+
+def echo_kv(rows: list[tuple[str, object]], width: int = WIDTH) -> None:
+    """``key  value`` lines; a long value wraps under itself, so a line never exceeds ``width``."""
+    import textwrap
+
+    key_w = max(len(k) for k, _ in rows)
+    indent = " " * (key_w + 2)
     for k, v in rows:
-        click.echo(f"{term(k).ljust(width)}  {_fmt(v)}")
+        text = _fmt(v)
+        lines = textwrap.wrap(text, width, initial_indent=term(k).ljust(key_w) + "  ", subsequent_indent=indent,
+                              break_on_hyphens=False, break_long_words=True) or [k]
+        for line in lines:
+            click.echo(line.rstrip())
 
 
 class Progress:

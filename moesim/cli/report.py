@@ -18,9 +18,11 @@ import click
                    "substituted mass per policy class, with Pearson r and n. A RESULTS file of quality results is "
                    "read as --quality.")
 @click.option("--title", default=None, help="Page title (default: 'moesim report: MODEL').")
+@click.option("--baseline", default=None, metavar="PRESET|EVICTION/MISS[/admit β]",
+              help="The config every speed-up divides by (default: the one the sweep used; see moesim sweep).")
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=str), required=True,
               help="Report directory to write (replaced atomically if it holds an earlier report).")
-def command(results, trace, budgets, quality, title, out):
+def command(results, trace, budgets, quality, title, baseline, out):
     """Write a self-contained HTML report of sweep RESULTS (results.parquet from `moesim sweep`) and/or
     a --trace to directory -o: index.html works offline (Vega inlined, no network request), every chart
     also as PNG and SVG, every table as Markdown, LaTeX and CSV (docs/reports.md).
@@ -36,7 +38,7 @@ def command(results, trace, budgets, quality, title, out):
     if results is None and trace is None and quality is None:
         raise MoesimError("give sweep RESULTS (a results.parquet), --trace TRACE, --quality FILE, or several")
     manifest = build_report(out, results=results, trace=trace, budgets=list(budgets) or None, title=title,
-                            progress=_progress(), quality=quality)
+                            progress=_progress(), baseline=baseline, quality=quality)
     echo_summary(manifest, out)
 
 

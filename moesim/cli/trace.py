@@ -18,7 +18,8 @@ CANDIDATES = click.option("--candidates", type=int, default=None,
                           help="Sparse layout: scored experts kept per row, M (default max(32, 2k), at most E).")
 DENSE = click.option("--dense", is_flag=True, help="Store all E logits per row instead of the best M.")
 MODEL_ID = click.option("--model-id", default=None, help="Model id in the metadata (default: from the model).")
-OUT = click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace (.parquet).")
+OUT = click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+                   help="Output trace (.parquet).")
 
 
 def _source_options(f):
