@@ -83,10 +83,10 @@ def main():
         config = SimConfig(eviction=policy, miss="fetch-all", slots=args.capacity)
         simulate(routing, config)  # compile + shared arrays
 
-        def run_moesim():
+        def run_moesim(config=config):
             return simulate(routing, config)
 
-        def run_lcs():
+        def run_lcs(policy=policy):
             reader = lcs.TraceReader(str(tmp), lcs.TraceType.ORACLE_GENERAL_TRACE)
             return classes[policy](cache_size=args.capacity).process_trace(reader)[0]
 

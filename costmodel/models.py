@@ -180,7 +180,8 @@ class ModelPreset:
         (``with_embeddings``); OpenAI's gpt-oss count leaves out the embedding table (``without_embedding_table``);
         ``without_embeddings`` leaves out both the table and the LM head."""
         if convention not in ACTIVE_CONVENTIONS:
-            raise MoesimError(f"unknown active-parameter convention {convention!r} (known: {', '.join(ACTIVE_CONVENTIONS)})")
+            raise MoesimError(f"unknown active-parameter convention {convention!r} "
+                              f"(known: {', '.join(ACTIVE_CONVENTIONS)})")
         g = self.param_groups(active=True)
         n = sum(g.values())
         if convention in ("without_embedding_table", "without_embeddings"):

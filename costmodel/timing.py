@@ -20,9 +20,6 @@ from moesim.errors import MoesimError
 DENSE_PLACEMENTS = ("auto", "vram", "ram", "nvme")
 MISS_MODES = ("fetch", "cpu")
 
-# Order of the float fields a numba kernel receives (``CostParams.kernel_tuple``).
-KERNEL_FIELDS = ("s_dense", "s_dense_per_seq", "s_expert_vram", "s_fetch_ram", "s_fetch_nvme", "s_nvme_read",
-                 "s_expert_cpu", "s_expert_cpu_nvme", "s_copy_link", "s_copy_nvme")
 
 
 @dataclass(frozen=True)
@@ -82,10 +79,8 @@ class CostParams:
     link_bandwidth: float  # bytes/s (inf on unified memory)
     nvme_bandwidth: float
     ram_expert_capacity: int = 0
-
-    def kernel_tuple(self) -> tuple[float, ...]:
-        """The float fields in KERNEL_FIELDS order, for a numba kernel."""
-        return tuple(float(getattr(self, f)) for f in KERNEL_FIELDS)
+    s_cpu_handoff: float = 0.0  # per (token, MoE layer) step that computed an expert on the CPU (engine profile)
+    s_writeback: float = 0.0  # link time per evicted expert, for engines that write evicted experts back
 
     def step_seconds(self, n_gpu: float, n_fetch_ram: float = 0, n_fetch_nvme: float = 0, n_cpu_ram: float = 0,
                      n_cpu_nvme: float = 0, batch: int = 1) -> float:
@@ -127,7 +122,8 @@ def _attn_flops_per_ctx_token(m: ModelPreset) -> float:
     a = m.attention
     kind = a.get("kind", "gqa")
     if kind == "mla":
-        per_layer = 2 * a["n_heads"] * (a["qk_nope_head_dim"] + a["qk_rope_head_dim"]) + 2 * a["n_heads"] * a["v_head_dim"]
+        per_layer = (2 * a["n_heads"] * (a["qk_nope_head_dim"] + a["qk_rope_head_dim"])
+                     + 2 * a["n_heads"] * a["v_head_dim"])
         return per_layer * m.n_layers
     n_full = sum(1 for i in range(m.n_layers) if m._is_full_attention(i))
     return 4.0 * a["n_heads"] * a["head_dim"] * n_full

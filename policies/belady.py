@@ -4,12 +4,17 @@ offline optimum (demand paging: every miss is inserted)."""
 
 from numba import njit
 
+from moesim.policies import heap
+
 NAME = "belady"
-STRUCTURE = "heap"
-USES_NEXT_REQUEST = True  # the kernel keeps each expert's next request tick up to date
 DOC = "evict the expert the router requests farthest in the future (offline bound)"
+IN_DEFAULT_GRID = True
+USES_NEXT_REQUEST = True  # the kernel keeps each expert's next request tick up to date
 
 
 @njit(inline="always")
 def priority(count, score, next_req):
     return -float(next_req)
+
+
+hit, insert, rekey = heap.hooks(priority)

@@ -1,6 +1,10 @@
 """FIFO: evict the expert inserted longest ago; uses do not reorder it."""
 
+from moesim.policies import lists
+
 NAME = "fifo"
-STRUCTURE = "list"
-MOVE_ON_ACCESS = False
 DOC = "first in, first out (insertion order only)"
+IN_DEFAULT_GRID = True
+
+hit = lists.stay
+insert = lists.insert_front

@@ -5,12 +5,19 @@ requests exponentially. Ties go to the least recently used."""
 
 from numba import njit
 
+from moesim.policies import heap
+from moesim.policies.params import Param
+
 NAME = "freq"
-STRUCTURE = "heap"
-USES_SCORE = True  # the kernel keeps the decayed request score up to date
 DOC = "fewest router requests so far, counts persist across evictions; freq:H decays with half-life H tokens"
+IN_DEFAULT_GRID = True
+USES_SCORE = True  # the kernel keeps the decayed request score; its half-life is the parameter
+PARAM = Param("half_life", "H", "a positive half-life in tokens", integer=False, default=0.0)
 
 
 @njit(inline="always")
 def priority(count, score, next_req):
     return score
+
+
+hit, insert, rekey = heap.hooks(priority)

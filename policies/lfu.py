@@ -2,15 +2,20 @@
 
 A new entry starts at 1, each router request of the cached expert adds 1, the
 count resets on eviction; among equal counts the least recently used goes
-first (the kernel breaks ties on the last-use tick)."""
+first (the heap breaks ties on the last-use tick)."""
 
 from numba import njit
 
+from moesim.policies import heap
+
 NAME = "lfu"
-STRUCTURE = "heap"
 DOC = "least frequently used while cached (libCacheSim LFU; ties to LRU)"
+IN_DEFAULT_GRID = True
 
 
 @njit(inline="always")
 def priority(count, score, next_req):
     return float(count)
+
+
+hit, insert, rekey = heap.hooks(priority)

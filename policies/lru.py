@@ -3,7 +3,11 @@
 A use is a hit, a fetch (insertion), a background admission or running as a
 substitute. Kept in an index-linked list (O(1) per access)."""
 
+from moesim.policies import lists
+
 NAME = "lru"
-STRUCTURE = "list"
-MOVE_ON_ACCESS = True
 DOC = "least recently used (hits, fetches, admissions and substitute runs refresh recency)"
+IN_DEFAULT_GRID = True
+
+hit = lists.move_to_front
+insert = lists.insert_front

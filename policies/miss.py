@@ -1,29 +1,82 @@
-"""Miss policies: what happens to a selected expert that is not resident."""
+"""Miss policies: what happens to a selected expert that is not resident. One record per policy is
+the single source of its name, code, parameter, documentation and default-grid entries; ``decide``
+is the kernel's rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
 
 from numba import njit
 
-# actions
-FETCH = 0
-SUBSTITUTE = 1
-DROP = 2
-CPU = 3
+from moesim.errors import MoesimError
+
+# a request's outcome (the replay's decision record, moesim.simulator.simulate(record=True))
+OUTCOME_HIT, OUTCOME_FETCH, OUTCOME_SUBSTITUTE, OUTCOME_DROP, OUTCOME_CPU = range(5)
+OUTCOMES = ("hit", "fetch", "substitute", "drop", "cpu")
+# the actions a miss policy chooses (substitute falls back to drop when no candidate is resident)
+FETCH, SUBSTITUTE, DROP, CPU = OUTCOME_FETCH, OUTCOME_SUBSTITUTE, OUTCOME_DROP, OUTCOME_CPU
 
 # miss policy codes (plain ints for the kernel)
-FETCH_ALL = 0
-THRESHOLD = 1
-FIRST_CHOICE = 2
-SUBSTITUTE_ALL = 3
-DROP_ALL = 4
-CPU_ALL = 5
+FETCH_ALL, THRESHOLD, FIRST_CHOICE, SUBSTITUTE_ALL, DROP_ALL, CPU_ALL = range(6)
 
-MISS_POLICIES = {
-    "fetch-all": (FETCH_ALL, "fetch every miss synchronously and admit it"),
-    "threshold": (THRESHOLD, "threshold:θ — fetch if rank 0 or w >= θ, else substitute (threshold:0.15 is the 0.15 rule)"),
-    "first-choice": (FIRST_CHOICE, "fetch the router's first choice, substitute the rest"),
-    "substitute": (SUBSTITUTE_ALL, "never fetch: run the best-scored resident expert instead (drop if none)"),
-    "drop": (DROP_ALL, "skip the missing expert (the rest are renormalized)"),
-    "cpu": (CPU_ALL, "compute the missing expert on the CPU from host memory; cache unchanged"),
-}
+
+@dataclass(frozen=True)
+class MissPolicy:
+    name: str
+    code: int
+    doc: str
+    grid: tuple[str, ...]  # its entries in the sweep's default miss axis
+    substitutes: bool  # may substitute (so background admission can act)
+    takes_theta: bool = False
+
+
+MISS_POLICIES: dict[str, MissPolicy] = {p.name: p for p in (
+    MissPolicy("fetch-all", FETCH_ALL, "fetch every miss synchronously and admit it", ("fetch-all",), False),
+    MissPolicy("threshold", THRESHOLD, "fetch if rank 0 or w >= θ, else substitute "
+               "(threshold:0.15 is the 0.15 rule)", ("threshold:0.15",), True, takes_theta=True),
+    MissPolicy("first-choice", FIRST_CHOICE, "fetch the router's first choice, substitute the rest",
+               ("first-choice",), True),
+    MissPolicy("substitute", SUBSTITUTE_ALL, "never fetch: run the best-scored resident expert instead "
+               "(drop if none)", ("substitute",), True),
+    MissPolicy("drop", DROP_ALL, "skip the missing expert (the rest are renormalized)", (), True),
+    MissPolicy("cpu", CPU_ALL, "compute the missing expert on the CPU from host memory; cache unchanged",
+               ("cpu",), False),
+)}
+
+
+def default_misses() -> list[str]:
+    return [spec for p in MISS_POLICIES.values() for spec in p.grid]
+
+
+def get(name: str) -> MissPolicy:
+    try:
+        return MISS_POLICIES[name]
+    except KeyError:
+        raise MoesimError(f"unknown miss policy {name!r} (known: {', '.join(MISS_POLICIES)})") from None
+
+
+def parse_miss(spec: str) -> tuple[str, float]:
+    """'threshold:0.15' -> ('threshold', 0.15); the others carry θ = 0."""
+    name, _, arg = str(spec).strip().partition(":")
+    p = get(name)
+    if not p.takes_theta:
+        if arg:
+            raise MoesimError(f"miss policy {name!r} takes no parameter (got {spec!r})")
+        return name, 0.0
+    if not arg:
+        raise MoesimError(f"the {name} miss policy needs θ, e.g. {name}:0.15")
+    try:
+        theta = float(arg)
+    except ValueError:
+        raise MoesimError(f"bad threshold in {spec!r}: expected a number in [0, 1]") from None
+    if not (0.0 <= theta <= 1.0):
+        raise MoesimError(f"bad threshold in {spec!r}: expected a number in [0, 1]")
+    return name, theta
+
+
+def help_text() -> str:
+    return ("Miss policy: " + ", ".join(f"{p.name}:θ" if p.takes_theta else p.name for p in MISS_POLICIES.values())
+            + " (threshold:0.15 is the 0.15 rule).")
 
 
 @njit(inline="always")

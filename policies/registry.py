@@ -1,58 +1,217 @@
-"""The eviction policy table and the kernel's only dispatch on policy codes.
+"""The eviction registry: the single source of every eviction policy's name, code, parameter,
+state needs, documentation line and default-grid membership, and of the kernel's dispatch.
 
-Adding an eviction policy: write its module (NAME, STRUCTURE, DOC and, for a
-"heap" policy, an inlined ``priority(count, score, next_req)``: the resident
-expert with the lowest (priority, last-use tick) is evicted; USES_SCORE or
-USES_NEXT_REQUEST = True when it reads the score or the next request), add one row to
-EVICTIONS, one branch to ``priority`` below, and its reference implementation
-in tests/reference_replay.py.
+Adding an eviction policy = writing its module in this folder, its reference implementation in
+tests/reference_policies.py and its row in docs/replay-semantics.md (generated: python -m
+moesim.policies.doc). A module is an eviction policy when it defines ``NAME`` and either
 
-A "none" policy pins a fixed set instead: its module defines ``pinned(counts,
-slots, allocation)`` returning the pinned object ids (layer * E + expert).
+- hooks the replay kernel calls (``@njit(inline="always")``, state arrays in policies/structures.py):
+  ``hit(ob, fo, po, heap, prm, pool, o, tick, requested)`` when resident ``o`` is used (a request hit
+  when ``requested``, else a run as a substitute) and ``insert(ob, fo, po, heap, prm, pool, o, tick)``
+  making ``o`` resident (returns the victim, -1 when nothing left the pool, NOT_ADMITTED when the policy
+  refuses ``o``); a heap policy writes ``priority(count, score, next_req)`` and takes
+  ``hit, insert, rekey = heap.hooks(priority)`` (policies/heap.py);
+- or ``pinned(counts, slots, allocation)``: a fixed set resident from the start, never evicted, and
+  nothing admitted (static placements).
 
-Structures: "list" — recency/insertion-ordered linked list (MOVE_ON_ACCESS says
-whether a use moves the expert to the front); "heap" — indexed min-heap on
-(priority, last-use tick); "none" — a fixed pinned set.
+Optional module attributes: ``DOC`` (one line for tables and help), ``PARAM`` (a ``Param``: the
+policy takes ``name:value``, passed to the kernel in slot 0 of its parameter vector), ``PARAMS``
+(fixed named parameters with their defaults, in the following slots), ``USES_SCORE`` (the kernel
+keeps a decayed router-request score per expert; half-life = slot 0), ``USES_NEXT_REQUEST`` (the
+kernel keeps each expert's next request), ``IN_DEFAULT_GRID`` (the sweep's default eviction axis).
+
+Codes are positions in name order; they exist only inside one process's kernel calls (results are
+keyed by names).
 """
 
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
 from numba import njit
 
-from moesim.policies import belady, fifo, freq, lfu, lru, static, static_layers
+from moesim.errors import MoesimError
+from moesim.policies.params import Param
 
-# code -> module; codes are what the numba kernel sees (plain ints)
-EVICTIONS = {0: lru, 1: fifo, 2: lfu, 3: freq, 4: belady, 5: static, 6: static_layers}
+NOT_ADMITTED = -2  # an insert hook's answer when the policy does not admit the object
+N_PRM = 4  # width of the kernel's per-policy parameter vector
+# columns of FLAGS: what the kernel must do for a policy code
+ADMITS, USES_SCORE, USES_NEXT_REQUEST = range(3)
 
-STRUCTURES = {"list": 0, "heap": 1, "none": 2}
-BY_NAME = {m.NAME: code for code, m in EVICTIONS.items()}
+
+@dataclass(frozen=True)
+class Eviction:
+    code: int
+    name: str
+    module: ModuleType
+    kind: str  # "hooks" | "heap" | "pinned"
+    doc: str
+    param: Param | None
+    fixed: tuple[tuple[str, float], ...]  # PARAMS: fixed named parameters and their defaults
+    uses_score: bool
+    uses_next_request: bool
+    in_default_grid: bool
+
+    @property
+    def pinned(self) -> bool:
+        return self.kind == "pinned"
+
+    @property
+    def spec(self) -> str:
+        """How a user writes it: ``freq[:H]``."""
+        return f"{self.name}[:{self.param.symbol}]" if self.param else self.name
+
+    def kernel_params(self, value: float | None) -> np.ndarray:
+        vals = ([self.param.default if value is None else float(value)] if self.param else [])
+        vals += [v for _, v in self.fixed]
+        if len(vals) > N_PRM:
+            raise MoesimError(f"eviction {self.name} has {len(vals)} parameters; the kernel takes {N_PRM}")
+        return np.array(vals + [0.0] * (N_PRM - len(vals)), np.float64)
+
+
+def _discover() -> tuple[Eviction, ...]:
+    import moesim.policies as pkg
+
+    mods = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        m = importlib.import_module(f"moesim.policies.{info.name}")
+        if isinstance(getattr(m, "NAME", None), str) and (hasattr(m, "insert") or hasattr(m, "pinned")):
+            mods.append(m)
+    mods.sort(key=lambda m: m.NAME)
+    out = []
+    for code, m in enumerate(mods):
+        kind = "pinned" if hasattr(m, "pinned") else ("heap" if hasattr(m, "priority") else "hooks")
+        if kind != "pinned" and not hasattr(m, "hit"):
+            raise ImportError(f"eviction module {m.__name__} defines insert but no hit hook")
+        out.append(Eviction(code=code, name=m.NAME, module=m, kind=kind, doc=getattr(m, "DOC", "").strip(),
+                            param=getattr(m, "PARAM", None), fixed=tuple(getattr(m, "PARAMS", ())),
+                            uses_score=bool(getattr(m, "USES_SCORE", False)),
+                            uses_next_request=bool(getattr(m, "USES_NEXT_REQUEST", False)),
+                            in_default_grid=bool(getattr(m, "IN_DEFAULT_GRID", False))))
+    return tuple(out)
+
+
+EVICTIONS: tuple[Eviction, ...] = _discover()
+BY_NAME: dict[str, Eviction] = {e.name: e for e in EVICTIONS}
+FLAGS = np.array([[not e.pinned, e.uses_score, e.uses_next_request] for e in EVICTIONS], np.bool_)
+
+
+def names() -> list[str]:
+    return [e.name for e in EVICTIONS]
+
+
+def default_evictions() -> list[str]:
+    return [e.name for e in EVICTIONS if e.in_default_grid]
+
+
+def get(name: str) -> Eviction:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise MoesimError(f"unknown eviction policy {name!r} (known: {', '.join(names())})") from None
+
+
+def parse_eviction(spec: str) -> tuple[str, float | None]:
+    """'lru' -> ('lru', None); 'freq:64' -> ('freq', 64.0); 'static:500' -> ('static', 500.0)."""
+    name, _, arg = str(spec).strip().partition(":")
+    ev = get(name)
+    if not arg:
+        return name, None
+    if ev.param is None:
+        raise MoesimError(f"eviction policy {name!r} takes no parameter (got {spec!r})")
+    return name, ev.param.parse(spec, arg)
+
+
+def help_text() -> str:
+    """The -e/--eviction help line of every command."""
+    return ("Eviction policy: " + ", ".join(e.spec for e in EVICTIONS)
+            + " (moesim policies describes each; docs/replay-semantics.md states the rules).")
+
+
+# ------------------------------------------------------------------------------------- kernel dispatch
 
 
 @njit(inline="always")
-def priority(code, count, score, next_req):
-    if code == 2:
-        return lfu.priority(count, score, next_req)
-    if code == 3:
-        return freq.priority(count, score, next_req)
-    if code == 4:
-        return belady.priority(count, score, next_req)
-    return 0.0
+def _no_hit(ob, fo, po, heap, prm, pool, o, tick, requested):
+    pass
 
 
-def eviction_code(name: str) -> int:
-    return BY_NAME[name]
+@njit(inline="always")
+def _no_insert(ob, fo, po, heap, prm, pool, o, tick):
+    return NOT_ADMITTED
 
 
-def structure_code(code: int) -> int:
-    return STRUCTURES[EVICTIONS[code].STRUCTURE]
+@njit(inline="always")
+def _no_rekey(ob, fo, po, heap, prm, pool, o):
+    pass
 
 
-def module(code: int):
-    return EVICTIONS[code]
+# numba cannot inline a closure called with *args, so each hook's chain is spelled out. Each is an
+# if-chain of inlined calls on a plain int code, the only dispatch on policy codes (a plain int code
+# compiles best and caches across processes: shared/notes/numba-kernels.md).
 
 
-def uses(code: int, what: str) -> bool:
-    """Does the policy read ``what`` (SCORE or NEXT_REQUEST)? The kernel skips upkeep it does not need."""
-    return bool(getattr(EVICTIONS[code], f"USES_{what}", False))
+def _hit_chain(fns: list, code: int = 0):
+    f = fns[0]
+    if len(fns) == 1:
+        @njit(inline="always")
+        def last(c, ob, fo, po, heap, prm, pool, o, tick, requested):
+            f(ob, fo, po, heap, prm, pool, o, tick, requested)
+        return last
+    rest = _hit_chain(fns[1:], code + 1)
+
+    @njit(inline="always")
+    def step(c, ob, fo, po, heap, prm, pool, o, tick, requested):
+        if c == code:
+            f(ob, fo, po, heap, prm, pool, o, tick, requested)
+        else:
+            rest(c, ob, fo, po, heap, prm, pool, o, tick, requested)
+    return step
 
 
-def move_on_access(code: int) -> bool:
-    return bool(getattr(EVICTIONS[code], "MOVE_ON_ACCESS", False))
+def _insert_chain(fns: list, code: int = 0):
+    f = fns[0]
+    if len(fns) == 1:
+        @njit(inline="always")
+        def last(c, ob, fo, po, heap, prm, pool, o, tick):
+            return f(ob, fo, po, heap, prm, pool, o, tick)
+        return last
+    rest = _insert_chain(fns[1:], code + 1)
+
+    @njit(inline="always")
+    def step(c, ob, fo, po, heap, prm, pool, o, tick):
+        if c == code:
+            return f(ob, fo, po, heap, prm, pool, o, tick)
+        return rest(c, ob, fo, po, heap, prm, pool, o, tick)
+    return step
+
+
+def _rekey_chain(fns: list, code: int = 0):
+    f = fns[0]
+    if len(fns) == 1:
+        @njit(inline="always")
+        def last(c, ob, fo, po, heap, prm, pool, o):
+            f(ob, fo, po, heap, prm, pool, o)
+        return last
+    rest = _rekey_chain(fns[1:], code + 1)
+
+    @njit(inline="always")
+    def step(c, ob, fo, po, heap, prm, pool, o):
+        if c == code:
+            f(ob, fo, po, heap, prm, pool, o)
+        else:
+            rest(c, ob, fo, po, heap, prm, pool, o)
+    return step
+
+
+def _hooks(name: str, default):
+    return [getattr(e.module, name, default) if not e.pinned else default for e in EVICTIONS]
+
+
+hit = _hit_chain(_hooks("hit", _no_hit))
+insert = _insert_chain(_hooks("insert", _no_insert))
+rekey = _rekey_chain(_hooks("rekey", _no_rekey))

@@ -4,9 +4,12 @@ misses are never admitted. An offloading engine's fixed hot-expert set."""
 
 import numpy as np
 
+from moesim.policies.params import Param
+
 NAME = "static"
-STRUCTURE = "none"
 DOC = "pin the most-requested experts (whole trace, or first W tokens with static:W); never evict, never admit"
+IN_DEFAULT_GRID = True
+PARAM = Param("prefix_tokens", "W", "a positive whole number of tokens", integer=True)
 
 
 def most_requested(counts: np.ndarray, slots: int, allocation: str) -> np.ndarray:

@@ -7,8 +7,8 @@ whole; nothing is ever evicted or admitted."""
 import numpy as np
 
 NAME = "static-layers"
-STRUCTURE = "none"
 DOC = "llama.cpp --n-cpu-moe placement: all experts of the last floor(slots*L/E) layers pinned, the rest never cached"
+IN_DEFAULT_GRID = False  # the llama.cpp preset of the sweep
 
 
 def pinned(counts: np.ndarray, slots: int, allocation: str) -> np.ndarray:

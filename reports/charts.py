@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from moesim.errors import MoesimError
 
@@ -26,7 +27,7 @@ class Figure:
     """One chart of a report: a file stem, the Altair chart and a sentence saying what it shows."""
 
     name: str
-    chart: object
+    chart: Any  # an Altair chart
     caption: str
     notes: list[str] = field(default_factory=list)
     _spec: dict | None = field(default=None, repr=False)
@@ -66,7 +67,7 @@ def export(fig: Figure, directory: Path) -> dict[str, Path]:
     """Write ``fig`` as SVG, PNG (2x) and its Vega-Lite JSON spec; returns the paths by kind."""
     import vl_convert as vlc
 
-    from moesim.reports.files import write_text
+    from moesim.files import write_text
 
     spec = fig.spec()
     v = vl_version()

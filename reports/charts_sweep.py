@@ -6,6 +6,8 @@ hit_rate, substitution_rate, mass_per_step, s_per_token, speedup, pareto."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from moesim.reports.charts import EVICTION_ORDER, Figure, check_rows, title
 
 MISS_ORDER = ["fetch-all", "threshold:0.15", "first-choice", "substitute", "drop", "cpu"]
@@ -89,7 +91,7 @@ def pareto_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:
     preset = base.transform_filter("datum.preset != ''")
     rings = preset.mark_point(size=220, color="black", strokeWidth=1.5, filled=False).encode(tooltip=tooltip)
     # alternate labels above and below so neighbouring presets (quality-first, speed-first) stay readable
-    label = dict(align="left", dx=9, fontSize=11, fontWeight="bold")
+    label: dict[str, Any] = dict(align="left", dx=9, fontSize=11, fontWeight="bold")
     labels_above = preset.transform_filter("!datum.label_below").mark_text(dy=-8, **label).encode(text="preset:N")
     labels_below = preset.transform_filter("datum.label_below").mark_text(dy=12, **label).encode(text="preset:N")
     sizes = frame.select("size", "size_label").unique().sort("size")["size_label"].to_list()

@@ -74,9 +74,9 @@ def vega_bundle(vl_version: str) -> str:
             return text
     except OSError:
         pass
-    text = vlc.javascript_bundle(vl_version=vl_version)
+    text = vlc.javascript_bundle(vl_version=vl_version)  # type: ignore[call-arg]  # the snippet is optional
     try:
-        from moesim.reports.files import write_text
+        from moesim.files import write_text
 
         write_text(text, path)
     except OSError:

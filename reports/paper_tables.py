@@ -49,7 +49,7 @@ class PaperTable:
         return to_latex(self.table(), label=f"tab:moesim-{self.name}")
 
     def write(self, directory: Path) -> dict[str, Path]:
-        from moesim.reports.files import write_table, write_text
+        from moesim.files import write_table, write_text
 
         return {
             "Markdown": write_text(self.markdown() + "\n", directory / f"{self.name}.md"),

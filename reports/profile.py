@@ -146,7 +146,9 @@ def cache_hit_rates(routing: Routing, budget: float | None = None, slots: int | 
     overall and per layer (cold start, one cache per layer, every sequence back to back)."""
     from moesim.simulator import SimConfig, simulate
 
-    rows, overall, n_slots = {}, {}, None
+    rows: dict[int, dict[str, float]] = {}
+    overall: dict[str, float] = {}
+    n_slots = None
     for ev in evictions:
         res = simulate(routing, SimConfig(eviction=ev, miss="fetch-all", budget=budget, slots=slots))
         n_slots = res.slots_per_layer
@@ -186,5 +188,6 @@ def profile_trace(path, budget: float | None = None, slots: int | None = None) -
     return doc
 
 
-__all__ = ["profile", "profile_trace", "cache_hit_rates", "expert_counts", "consecutive_pairs", "reuse_per_layer", "working_set",
+__all__ = ["profile", "profile_trace", "cache_hit_rates", "expert_counts", "consecutive_pairs", "reuse_per_layer",
+           "working_set",
            "domain_similarity", "gate_stats"]

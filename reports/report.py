@@ -14,6 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from moesim.errors import MoesimError
 
@@ -24,8 +25,8 @@ DEFAULT_BUDGETS = (0.125, 0.25, 0.5)
 
 @dataclass
 class SweepData:
-    rows: object          # polars: one row per config (normalized, see load_results)
-    layers: object        # polars: one row per config x layer (row_key, layer, hit_rate, ...)
+    rows: Any             # polars: one row per config (normalized, see load_results)
+    layers: Any           # polars: one row per config x layer (row_key, layer, hit_rate, ...)
     path: Path
     trace: str | None     # the trace path the sweep recorded
     digest: str
@@ -36,7 +37,7 @@ class SweepData:
 
 
 def _presets() -> dict[str, dict]:
-    from moesim.simulator.grid import PRESETS
+    from moesim.sweeps.grid import PRESETS
 
     return PRESETS
 
@@ -49,7 +50,7 @@ def load_results(path, digest: str | None = None) -> SweepData:
     ``rows`` and ``layers`` frames (a SweepOutcome of ``run_sweep`` without an output file)."""
     import polars as pl
 
-    from moesim.simulator.store import layers_path
+    from moesim.sweeps.store import layers_path
 
     if hasattr(path, "rows") and hasattr(path, "layers"):
         rows, layers, path = path.rows, path.layers, Path("(in memory)")
@@ -153,8 +154,8 @@ def hit_rate_curve(routing, sizes: list[float]):
     Returns (frame: eviction, size, hit_rate, method; a sentence saying how it was computed)."""
     import polars as pl
 
-    from moesim.simulator.mrc import DEFAULT_BUDGETS as MRC_BUDGETS
-    from moesim.simulator.mrc import mrc
+    from moesim.sweeps.mrc import DEFAULT_BUDGETS as MRC_BUDGETS
+    from moesim.sweeps.mrc import mrc
 
     grid = sorted(set(MRC_BUDGETS) | {float(b) for b in sizes})
     curve, _ = mrc(routing, allocations=["per-layer"], budgets=grid)
@@ -193,7 +194,7 @@ def build_report(out: str | os.PathLike, *, results=None,
         if routing is None:
             routing = _recorded_trace(sweep, notes)
     synthetic = bool((routing is not None and routing.synthetic) or (sweep is not None and sweep.synthetic))
-    model = routing.meta.model_id if routing is not None else sweep.model
+    model = routing.meta.model_id if routing is not None else (sweep.model if sweep is not None else "")
     if budgets is None:
         budgets = _budget_sizes(sweep, routing)
     budgets = sorted({float(b) for b in budgets})
@@ -254,7 +255,8 @@ def _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say):
             figures.append(cs.pareto_chart(rows, synthetic=synthetic, priced_as=sweep.priced_as))
             figures.append(cs.speedup_chart(rows, synthetic=synthetic, priced_as=sweep.priced_as))
         else:
-            notes.append("the sweep is not priced (no model preset for the trace): no time or speed-up charts")
+            why = str(rows["priced_as"][0]) if "priced_as" in rows.columns else "no model preset for the trace"
+            notes.append(f"the sweep is not priced ({why}): no time or speed-up charts")
         if sweep.layers is not None:
             figures.append(cs.layer_heatmap(rows, sweep.layers, synthetic=synthetic))
         tables.append(pt.policy_table(rows, model=sweep.model, synthetic=synthetic, priced_as=sweep.priced_as))
@@ -310,7 +312,8 @@ def _write(tmp: Path, out: Path, figures, tables, *, sweep, routing, model, synt
     from moesim.reports.html import render_page
 
     say(f"exporting {len(figures)} charts (SVG, PNG)")
-    fig_docs, files = [], {"charts": {}, "tables": {}}
+    fig_docs: list[dict] = []
+    files: dict[str, dict[str, dict[str, str]]] = {"charts": {}, "tables": {}}
     for fig in figures:
         paths = export(fig, tmp / "charts")
         rel = {k: str(p.relative_to(tmp)) for k, p in paths.items()}
@@ -319,9 +322,9 @@ def _write(tmp: Path, out: Path, figures, tables, *, sweep, routing, model, synt
                          "files": {"PNG": rel["png"], "SVG": rel["svg"], "Vega-Lite": rel["spec"]}})
     tab_docs = []
     for t in tables:
-        paths = {k: str(p.relative_to(tmp)) for k, p in t.write(tmp / "tables").items()}
-        files["tables"][t.name] = paths
-        tab_docs.append({"title": t.title, "caption": t.caption, "table": t.table(), "files": paths})
+        tab_paths = {k: str(p.relative_to(tmp)) for k, p in t.write(tmp / "tables").items()}
+        files["tables"][t.name] = tab_paths
+        tab_docs.append({"title": t.title, "caption": t.caption, "table": t.table(), "files": tab_paths})
     meta_rows = [("model", model), ("data", "SYNTHETIC trace (generated, not recorded from the model)"
                                     if synthetic else "real (recorded routing)")]
     if routing is not None:

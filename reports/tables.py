@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 SYNTHETIC_TAG = "SYNTHETIC trace"
 
@@ -122,9 +122,9 @@ def frame_csv(df) -> str:
 
 def frame_json(df, **header) -> str:
     """{...header, "rows": [...]} with NaN/inf as null."""
-    from moesim.cli.output import _plain
+    from moesim.jsonable import plain
 
-    return json.dumps(_plain({**header, "rows": df.to_dicts()}), indent=2)
+    return json.dumps(plain({**header, "rows": df.to_dicts()}), indent=2)
 
 
 # ---------------------------------------------------------------------------------------------- sweep tables
@@ -193,7 +193,7 @@ def sweep_tables(df, top: int | None = None) -> list[Table]:
 
 def mrc_tables(df, slots: list[int] | None = None) -> list[Table]:
     """Hit rate (%) per cache size (rows) and eviction policy (columns), one table per allocation."""
-    tables = []
+    tables: list[Table] = []
     if df.height == 0:
         return tables
     first = df.row(0, named=True)

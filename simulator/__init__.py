@@ -1,12 +1,13 @@
-"""The replay engine: one numba kernel (kernel.py) behind a validating driver (driver.py)."""
+"""The replay engine: one numba kernel (kernel.py) fed by one argument builder (args.py) behind a
+validating driver (driver.py)."""
 
-from moesim.simulator.jitcache import numba_cache_dir
+from moesim.jitcache import jitted
 
-with numba_cache_dir():  # every module with cached jitted functions is decorated under the hashed dir
-    from moesim.simulator import batch, kernel, stack_distance  # noqa: F401
+for _name in ("batch", "kernel", "stack_distance"):  # cached jitted functions: decorated under the hashed dir
+    jitted(f"moesim.simulator.{_name}")
 
-from moesim.simulator.config import SimConfig
-from moesim.simulator.driver import simulate
-from moesim.simulator.result import SimResult
+from moesim.simulator.config import SimConfig  # noqa: E402
+from moesim.simulator.driver import simulate  # noqa: E402
+from moesim.simulator.result import SimResult  # noqa: E402
 
 __all__ = ["SimConfig", "SimResult", "simulate"]

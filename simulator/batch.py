@@ -108,8 +108,8 @@ def batch_routing(routing: Routing, batch: int) -> tuple[Routing, np.ndarray, np
     n_seq = routing.n_sequences
     if batch > n_seq:
         raise MoesimError(f"batch {batch} needs at least {batch} sequences; the trace has {n_seq}")
-    key = ("batch", batch)
-    if key not in routing._cache:
+
+    def union():
         members, group = lock_step_members(routing.seq, batch)
         usel, uw, uwm, ucand = _union(routing.sel, routing.w, routing.cand, members, routing.n_experts)
         first = members.max(axis=1)
@@ -118,5 +118,6 @@ def batch_routing(routing: Routing, batch: int) -> tuple[Routing, np.ndarray, np
         b = Routing(meta=routing.meta, seq=group, pos=routing.pos[first], phase=decode,
                     domain=routing.domain[first], domain_names=routing.domain_names, token=None,
                     sel=usel, w=uw, cand=ucand, digest=f"{routing.digest}:batch{batch}", path=routing.path)
-        routing._cache[key] = (b, uwm, members)
-    return routing._cache[key]
+        return b, uwm, members
+
+    return routing.derived(("batch", batch), union)

@@ -10,49 +10,17 @@ from dataclasses import dataclass
 
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
-from moesim.policies.registry import BY_NAME as EVICTION_CODES
+from moesim.policies import registry
+from moesim.policies.miss import parse_miss
+from moesim.policies.registry import parse_eviction
 
 ALLOCATIONS = ("per-layer", "global")
 
 
-def parse_eviction(spec: str) -> tuple[str, float | None]:
-    """'lru' -> ('lru', None); 'freq:64' -> ('freq', 64.0) (half-life in tokens);
-    'static:500' -> ('static', 500) (pin from the first 500 tokens)."""
-    name, _, arg = str(spec).strip().partition(":")
-    if name not in EVICTION_CODES:
-        raise MoesimError(f"unknown eviction policy {spec!r} (known: {', '.join(EVICTION_CODES)})")
-    if not arg:
-        return name, None
-    if name not in ("freq", "static"):
-        raise MoesimError(f"eviction policy {name!r} takes no parameter (got {spec!r})")
-    try:
-        value = float(arg)
-    except ValueError:
-        raise MoesimError(f"bad parameter in {spec!r}: expected a number") from None
-    if not math.isfinite(value) or value <= 0 or (name == "static" and value != int(value)):
-        what = "a positive half-life in tokens" if name == "freq" else "a positive whole number of tokens"
-        raise MoesimError(f"bad parameter in {spec!r}: expected {what}")
-    return name, value
-
-
-def parse_miss(spec: str) -> tuple[str, float]:
-    """'threshold:0.15' -> ('threshold', 0.15); others carry theta 0."""
-    name, _, arg = str(spec).strip().partition(":")
-    if name not in miss_mod.MISS_POLICIES:
-        raise MoesimError(f"unknown miss policy {spec!r} (known: {', '.join(miss_mod.MISS_POLICIES)})")
-    if name != "threshold":
-        if arg:
-            raise MoesimError(f"miss policy {name!r} takes no parameter (got {spec!r})")
-        return name, 0.0
-    if not arg:
-        raise MoesimError("the threshold miss policy needs θ, e.g. threshold:0.15")
-    try:
-        theta = float(arg)
-    except ValueError:
-        raise MoesimError(f"bad threshold in {spec!r}: expected a number in [0, 1]") from None
-    if not (0.0 <= theta <= 1.0):
-        raise MoesimError(f"bad threshold in {spec!r}: expected a number in [0, 1]")
-    return name, theta
+def slots_for_budget(budget: float, n_experts: int) -> int:
+    """Cache slots per layer for a budget (a fraction of each layer's E experts): floor(budget x E),
+    to within float noise."""
+    return math.floor(budget * n_experts + 1e-9)
 
 
 @dataclass(frozen=True)
@@ -113,9 +81,12 @@ class SimConfig:
     @property
     def pinned(self) -> bool:
         """A fixed pinned set (static, static-layers): nothing is ever evicted or admitted."""
-        from moesim.policies.registry import EVICTIONS
+        return registry.get(self.eviction_name).pinned
 
-        return EVICTIONS[EVICTION_CODES[self.eviction_name]].STRUCTURE == "none"
+    @property
+    def substitutes(self) -> bool:
+        """Its miss policy may substitute or drop (so background admission can act)."""
+        return miss_mod.get(self.miss_name).substitutes
 
     @property
     def miss_name(self) -> str:
@@ -130,7 +101,8 @@ class SimConfig:
             if self.slots > n_experts:
                 raise MoesimError(f"slots per layer must be at most E={n_experts}, got {self.slots}")
             return self.slots
-        n = math.floor(self.budget * n_experts + 1e-9)
+        assert self.budget is not None  # exactly one of slots and budget (checked on construction)
+        n = slots_for_budget(self.budget, n_experts)
         if n < 1:
             raise MoesimError(f"budget {self.budget:g} of E={n_experts} experts gives {n} slots per layer; "
                               f"the smallest budget is {1 / n_experts:.4g}")

@@ -1,121 +1,77 @@
 """The replay kernel: one numba loop over (token, layer, rank) for one policy config.
 
-It only computes on arrays (no I/O, no Python objects); policies arrive as plain
-int codes (policies/registry.py, policies/miss.py). The public entry point that
-validates and converts is simulator.driver.simulate. The semantics are in
-docs/replay-semantics.md; tests/reference_replay.py is the slow reference this
-kernel must match count for count.
+It only computes on arrays (no I/O, no Python objects); its arguments are five named groups
+built by one function (simulator/args.py), and policies arrive as plain int codes whose hooks the
+registry dispatches (policies/registry.py, policies/miss.py). The public entry point that validates
+and converts is simulator.driver.simulate. The semantics are in docs/replay-semantics.md;
+tests/reference_replay.py is the slow reference this kernel must match count for count.
 """
 
-import numpy as np
 from numba import njit
 
-from moesim.policies import miss
-from moesim.policies.registry import priority
-from moesim.simulator.structures import (ACC, CAP, CNT, HBASE, HEAD, HK1, HK2, HOBJ, HPOS, HSIZE, MARK,
-                                         N_COUNTERS, NREQ, QUEUED, RES, RNXT, RPRV, RRES, SCORE, SIZE, TAIL,
-                                         heap_fix, list_push_front, list_unlink)
+from moesim.policies import miss, registry
+from moesim.policies.structures import (
+    ACC,
+    CAP,
+    CNT,
+    HEAD,
+    HPOS,
+    HSIZE,
+    LST,
+    MARK,
+    N_LISTS,
+    NREQ,
+    QUEUED,
+    RES,
+    RNXT,
+    RPRV,
+    RRES,
+    SCORE,
+    SIZE,
+    TAIL,
+    X0,
+    list_clear,
+)
+from moesim.traces.derived import NEVER
 
 # counter columns (per layer and per token)
-(REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS,
- FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME) = range(14)
 COUNTER_NAMES = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
                  "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme")
-# cost columns: seconds per operation (costmodel.timing.CostParams); all zero replays without a clock
-(S_DENSE_LAYER, S_EXPERT_VRAM, S_FETCH_RAM, S_FETCH_NVME, S_CPU_RAM, S_CPU_NVME, S_COPY_RAM,
- S_COPY_NVME) = range(8)
-N_COSTS = 8
+(REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS,
+ FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME) = range(len(COUNTER_NAMES))
+N_COUNTERS = len(COUNTER_NAMES)
+# cost columns: seconds per operation (simulator/args.py kernel_costs); all zero replays without a clock
+COST_NAMES = ("dense_layer", "expert_vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram",
+              "copy_nvme", "cpu_handoff", "writeback")
+(S_DENSE_LAYER, S_EXPERT_VRAM, S_FETCH_RAM, S_FETCH_NVME, S_CPU_RAM, S_CPU_NVME, S_COPY_RAM, S_COPY_NVME,
+ S_CPU_HANDOFF, S_WRITEBACK) = range(len(COST_NAMES))
+N_COSTS = len(COST_NAMES)
 
-LIST, HEAP, NONE = 0, 1, 2
-NEVER = np.int64(1) << np.int64(62)  # next-use tick of an expert never requested again
 _RESCALE = 1e150  # decayed frequency scores are rescaled before they overflow
-
-
-@njit(cache=True)
-def next_use_ticks(sel, n_experts):
-    """For each request, the tick of the same (layer, expert)'s next request (NEVER if
-    none); and each object's first request tick. Step s = token * L + layer owns the
-    ticks [s(E+k), (s+1)(E+k)): its background admissions take s(E+k) + i, its requests
-    s(E+k) + E + rank, so ticks order every event of the replay."""
-    T, L, k = sel.shape
-    nxt = np.full((T, L, k), NEVER, np.int64)
-    last = np.full(L * n_experts, NEVER, np.int64)
-    for t in range(T - 1, -1, -1):
-        for l in range(L - 1, -1, -1):
-            for r in range(k - 1, -1, -1):
-                if sel[t, l, r] < 0:
-                    continue
-                o = l * n_experts + sel[t, l, r]
-                nxt[t, l, r] = last[o]
-                last[o] = (t * L + l) * (n_experts + k) + n_experts + r
-    return nxt, last
-
-
-@njit(cache=True)
-def request_counts(sel, n_experts, n_tokens):
-    """Router requests per (layer, expert) over the first n_tokens tokens, flattened."""
-    T, L, k = sel.shape
-    out = np.zeros(L * n_experts, np.int64)
-    for t in range(min(T, n_tokens)):
-        for l in range(L):
-            for r in range(k):
-                if sel[t, l, r] >= 0:
-                    out[l * n_experts + sel[t, l, r]] += 1
-    return out
-
-
-# The replay kernel and its helpers are compiled without NRT (the driver allocates
-# every array): with NRT, each use of an array in an inlined helper or each call
-# increfs and decrefs it atomically, which made replay ~10x slower.
-@njit(_nrt=False)
-def _admit(structure, evict_code, pool, o, tick, ob, fo, po, heap):
-    """Make o resident in its pool, evicting the policy's victim when the pool is full.
-    Returns the victim, or -1."""
-    v = -1
-    full = po[pool, SIZE] >= po[pool, CAP]
-    ob[o, RES] = 1
-    ob[o, CNT] = 1
-    if structure == LIST:
-        if full:
-            v = po[pool, TAIL]
-            list_unlink(ob, po, pool, v)
-        list_push_front(ob, po, pool, o)
-    else:
-        base = po[pool, HBASE]
-        if full:  # o takes the root's place (the victim), then sinks
-            j = base
-            v = np.int64(heap[j, HOBJ])
-            ob[v, HPOS] = -1
-        else:
-            j = base + po[pool, HSIZE]
-            po[pool, HSIZE] += 1
-        heap[j, HK1] = priority(evict_code, 1, fo[o, SCORE], ob[o, NREQ])
-        heap[j, HK2] = tick
-        heap[j, HOBJ] = o
-        heap_fix(ob, po, heap, pool, j - base)
-    if full:
-        ob[v, RES] = 0
-        ob[v, CNT] = 0
-    else:
-        po[pool, SIZE] += 1
-    return v
+_FLAGS = registry.FLAGS  # frozen into the compiled kernel as a constant
 
 
 @njit(inline="always")
-def _touch(structure, move_on_access, evict_code, pool, o, tick, ob, fo, po, heap):
-    """A use of resident o (a hit, or a run as a substitute) refreshes its place."""
-    if structure == LIST:
-        if move_on_access and po[pool, HEAD] != o:
-            list_unlink(ob, po, pool, o)
-            list_push_front(ob, po, pool, o)
-    elif structure == HEAP:
-        j = po[pool, HBASE] + ob[o, HPOS]
-        heap[j, HK1] = priority(evict_code, ob[o, CNT], fo[o, SCORE], ob[o, NREQ])
-        heap[j, HK2] = tick
-        heap_fix(ob, po, heap, pool, ob[o, HPOS])
+def _tick(pos, E, k):
+    """A request's position (t * L + l) * k + r in replay order -> its tick. Step s = t * L + l owns
+    the ticks [s(E+k), (s+1)(E+k)): its background admissions take s(E+k) + i, its requests
+    s(E+k) + E + rank, so ticks order every event of the replay."""
+    if pos >= NEVER:
+        return NEVER
+    return (pos // k) * (E + k) + E + pos % k
 
 
-@njit(_nrt=False)
+# The replay kernel and its helpers are compiled without NRT (the builder allocates every array):
+# with NRT, each use of an array in an inlined helper or each call increfs and decrefs it atomically,
+# which made replay ~10x slower.
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _admit(code, prm, pool, o, tick, ob, fo, po, heap):
+    """Make o resident in its pool through the eviction's insert hook. Returns the victim, -1 when
+    nothing left the pool, registry.NOT_ADMITTED when the policy refused o."""
+    return registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def _from_nvme(o, ram, ob, po):
     """Read o from host memory: True when it must first come from NVMe (a host-RAM tier
     miss, which then caches it, evicting the least recently used)."""
@@ -125,76 +81,113 @@ def _from_nvme(o, ram, ob, po):
         return True  # no host RAM to spare: every read streams from NVMe
     if ob[o, RRES] != 0:
         if po[ram, HEAD] != o:
-            list_unlink(ob, po, ram, o, RPRV, RNXT)
-            list_push_front(ob, po, ram, o, RPRV, RNXT)
+            _ram_unlink(ob, po, ram, o)
+            _ram_push_front(ob, po, ram, o)
         return False
     if po[ram, SIZE] >= po[ram, CAP]:
         v = po[ram, TAIL]
-        list_unlink(ob, po, ram, v, RPRV, RNXT)
+        _ram_unlink(ob, po, ram, v)
         ob[v, RRES] = 0
     else:
         po[ram, SIZE] += 1
     ob[o, RRES] = 1
-    list_push_front(ob, po, ram, o, RPRV, RNXT)
+    _ram_push_front(ob, po, ram, o)
     return True
 
 
-@njit(_nrt=False)
-def _reset(structure, evict_code, pinned, warm_objs, ram_warm, pool_of_layer, E, ob, fo, po, heap, qhl):
+@njit(inline="always")
+def _ram_push_front(ob, po, ram, o):
+    h = po[ram, HEAD]
+    ob[o, RPRV] = -1
+    ob[o, RNXT] = h
+    if h != -1:
+        ob[h, RPRV] = o
+    else:
+        po[ram, TAIL] = o
+    po[ram, HEAD] = o
+
+
+@njit(inline="always")
+def _ram_unlink(ob, po, ram, o):
+    p = ob[o, RPRV]
+    n = ob[o, RNXT]
+    if p != -1:
+        ob[p, RNXT] = n
+    else:
+        po[ram, HEAD] = n
+    if n != -1:
+        ob[n, RPRV] = p
+    else:
+        po[ram, TAIL] = p
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _reset(policy, setup, E, ob, fo, po, heap, qhl):
     """Empty every pool and copy queue, then pin the static set or pre-fill the warm
     set; the host-RAM tier starts with ram_warm (least recently used first)."""
+    pinned = setup.pinned
     for o in range(ob.shape[0]):
         ob[o, RES] = 1 if pinned[o] else 0
         ob[o, HPOS] = -1
         ob[o, CNT] = 0
         ob[o, QUEUED] = 0
         ob[o, RRES] = 0
+        ob[o, LST] = -1
         fo[o, SCORE] = 0.0
         fo[o, ACC] = 0.0
     for p in range(po.shape[0]):
         po[p, SIZE] = 0
-        po[p, HEAD] = -1
-        po[p, TAIL] = -1
         po[p, HSIZE] = 0
+        for q in range(N_LISTS):
+            list_clear(po, p, q)
+        for x in range(X0, po.shape[1]):
+            po[p, x] = 0
     for l in range(qhl.shape[0]):
         qhl[l, 0] = 0
         qhl[l, 1] = 0
-    nw = warm_objs.shape[0]
+    warm = setup.warm_objs
+    nw = warm.shape[0]
     for i in range(nw):
-        o = warm_objs[i]
-        _admit(structure, evict_code, pool_of_layer[o // E], o, -2 * (nw - i) - 1, ob, fo, po, heap)
+        o = warm[i]
+        _admit(policy.evict, policy.prm, setup.pool_of_layer[o // E], o, -2 * (nw - i) - 1, ob, fo, po, heap)
     ram = po.shape[0] - 1
-    for i in range(ram_warm.shape[0]):
-        _from_nvme(ram_warm[i], ram, ob, po)
+    for i in range(setup.ram_warm.shape[0]):
+        _from_nvme(setup.ram_warm[i], ram, ob, po)
 
 
-@njit(cache=True, _nrt=False)
-def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
-           evict_code, structure, move_on_access, uses_score, uses_next, miss_code, theta, beta,
-           pool_of_layer, pinned, warm_objs, ram_warm, cost, half_life, warmup_tokens, reset_per_seq,
-           ob, fo, po, heap, queue, queue_t, qhl, sc,
-           layer_counts, layer_mass, tok_counts, tok_mass, tok_seconds, tok_stall):
-    """Replay every (token, layer) step; add counters into layer_counts/layer_mass
-    (tokens from warmup_tokens on) and tok_counts/tok_mass/tok_seconds/tok_stall
-    (every token). sel entries < 0 are padding (batched routing). w: the weights the
-    miss policy reads; wm: the gate mass a substitution or drop loses.
-    cost: seconds per operation (S_* columns; all zero for a replay without a clock).
-    uses_score / uses_next: the eviction's priority reads the request score / the next
-    request, so the kernel keeps it up to date.
-    ob/fo/po/heap/queue/queue_t/qhl/sc: state and scratch (structures.new_state)."""
+@njit(cache=True, _nrt=False)  # type: ignore[call-overload]
+def replay(steps, policy, setup, state, out):
+    """Replay every (token, layer) step (simulator/args.py names every array); add counters into
+    out.layer_counts/layer_mass (tokens from policy.warmup_tokens on) and out.tok_counts/tok_mass/
+    tok_seconds/tok_stall (every token); with a decision record (out.outcome non-empty), each
+    request's outcome and substitute. steps.sel entries < 0 are padding (batched routing);
+    steps.w: the weights the miss policy reads; steps.wm: the gate mass a substitution or drop loses."""
+    sel, w, wm, cand, next_req, tok_seq = steps.sel, steps.w, steps.wm, steps.cand, steps.next_req, steps.tok_seq
+    ob, fo, po, heap = state.objs, state.objf, state.pools, state.heap
+    queue, queue_t, qhl, sc = state.queue, state.queue_t, state.queue_hl, state.step_counts
+    layer_counts, layer_mass, tok_counts, tok_mass = out.layer_counts, out.layer_mass, out.tok_counts, out.tok_mass
+    outcome, substitute = out.outcome, out.substitute
+    pool_of_layer, cost = setup.pool_of_layer, setup.cost
+    code, prm, miss_code, theta, beta = policy.evict, policy.prm, policy.miss, policy.theta, policy.beta
     T, L, k = sel.shape
     M = cand.shape[2]
     n_obj = ob.shape[0]
     E = n_obj // L
     ram = po.shape[0] - 1
+    record = outcome.shape[0] > 0
+    admits = _FLAGS[code, registry.ADMITS]
+    uses_score = _FLAGS[code, registry.USES_SCORE]
+    uses_next = _FLAGS[code, registry.USES_NEXT_REQUEST]
+    half_life = prm[0] if uses_score else 0.0
     for o in range(n_obj):
-        ob[o, NREQ] = first_tick[o]
+        ob[o, NREQ] = _tick(steps.first_req[o], E, k)
         ob[o, MARK] = -1
     # hoisted: array loads inside the loop could not be, stores to other arrays may alias them
     s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
     s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
     s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
     s_copy_ram, s_copy_nvme = cost[S_COPY_RAM], cost[S_COPY_NVME]
+    s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
     decay_base = 0
     inc = 1.0
@@ -204,17 +197,15 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
     for t in range(T):
         t_start = now
         stall = 0.0
-        if t == 0 or (reset_per_seq and tok_seq[t] != tok_seq[t - 1]):
-            _reset(structure, evict_code, pinned, warm_objs, ram_warm, pool_of_layer, E, ob, fo, po, heap, qhl)
+        if t == 0 or (policy.reset_per_seq and tok_seq[t] != tok_seq[t - 1]):
+            _reset(policy, setup, E, ob, fo, po, heap, qhl)
             decay_base = t
         if half_life > 0.0:
             inc = 2.0 ** ((t - decay_base) / half_life)
             if inc > _RESCALE:
                 for o in range(n_obj):
                     fo[o, SCORE] /= inc
-                    if ob[o, HPOS] >= 0:  # heap order is unchanged by a common factor
-                        j = po[pool_of_layer[o // E], HBASE] + ob[o, HPOS]
-                        heap[j, HK1] = priority(evict_code, ob[o, CNT], fo[o, SCORE], ob[o, NREQ])
+                    registry.rekey(code, ob, fo, po, heap, prm, pool_of_layer[o // E], o)
                 decay_base = t
                 inc = 1.0
 
@@ -234,9 +225,12 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                 qhl[l, 1] -= 1
                 ob[o, QUEUED] = 0
                 if ob[o, RES] == 0:
-                    sc[ADMISSIONS] += 1
-                    if _admit(structure, evict_code, pool, o, step * (E + k) + i, ob, fo, po, heap) >= 0:
+                    v = _admit(code, prm, pool, o, step * (E + k) + i, ob, fo, po, heap)
+                    if v != registry.NOT_ADMITTED:
+                        sc[ADMISSIONS] += 1
+                    if v >= 0:
                         sc[EVICTIONS] += 1
+                        link_free = max(now, link_free) + s_writeback
                     i += 1
             if substitutes:  # a substitute may not be one of the step's selected experts
                 for r in range(k):
@@ -251,16 +245,16 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                 o = base + sel[t, l, r]
                 tick = step * (E + k) + E + r
                 if uses_next:
-                    ob[o, NREQ] = next_tick[t, l, r]
+                    ob[o, NREQ] = _tick(next_req[t, l, r], E, k)
                 if uses_score:
                     fo[o, SCORE] += inc
                 n_req += 1
                 if ob[o, RES] != 0:
                     n_hit += 1
-                    if structure == HEAP:
-                        ob[o, CNT] += 1
-                    _touch(structure, move_on_access, evict_code, pool, o, tick, ob, fo, po, heap)
+                    registry.hit(code, ob, fo, po, heap, prm, pool, o, tick, True)
                     now += s_vram
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_HIT
                     continue
                 wr = w[t, l, r]
                 action = miss.decide(miss_code, r, wr, theta)
@@ -274,9 +268,11 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                     else:
                         link_free = start + s_fetch_ram
                     now = link_free + s_vram
-                    if structure != NONE:  # static never admits
-                        if _admit(structure, evict_code, pool, o, tick, ob, fo, po, heap) >= 0:
-                            sc[EVICTIONS] += 1
+                    if admits and _admit(code, prm, pool, o, tick, ob, fo, po, heap) >= 0:
+                        sc[EVICTIONS] += 1
+                        link_free = max(now, link_free) + s_writeback
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_FETCH
                     continue
                 if action == miss.CPU:
                     sc[CPU] += 1
@@ -285,6 +281,8 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                         now += s_cpu_nvme
                     else:
                         now += s_cpu_ram
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_CPU
                     continue
                 # substituted or dropped: the step loses this expert's gate weight
                 sub = -1
@@ -297,14 +295,19 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                 if sub >= 0:
                     ob[sub, MARK] = step
                     sc[SUBSTITUTIONS] += 1
-                    _touch(structure, move_on_access, evict_code, pool, sub, tick, ob, fo, po, heap)
+                    registry.hit(code, ob, fo, po, heap, prm, pool, sub, tick, False)
                     now += s_vram
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
+                        substitute[t, l, r] = sub - base
                 else:
                     sc[DROPS] += 1
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_DROP
                 smass += wm[t, l, r]
                 if r == 0:
                     sc[FIRST_CHOICE_SUBS] += 1
-                if beta > 0.0 and structure != NONE:
+                if beta > 0.0 and admits:
                     fo[o, ACC] += wr
                     if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
                         fo[o, ACC] = 0.0
@@ -322,15 +325,17 @@ def replay(sel, w, wm, cand, next_tick, first_tick, tok_seq,
                         queue_t[l, q] = link_free
                         qhl[l, 1] += 1
 
+            if sc[CPU] > 0:
+                now += s_handoff
             sc[REQUESTS] = n_req
             sc[HITS] = n_hit
             sc[MISSES] = n_req - n_hit
             for c in range(N_COUNTERS):
                 tok_counts[t, c] += sc[c]
             tok_mass[t] += smass
-            if t >= warmup_tokens:
+            if t >= policy.warmup_tokens:
                 for c in range(N_COUNTERS):
                     layer_counts[l, c] += sc[c]
                 layer_mass[l] += smass
-        tok_seconds[t] = now - t_start
-        tok_stall[t] = stall
+        out.tok_seconds[t] = now - t_start
+        out.tok_stall[t] = stall

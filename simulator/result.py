@@ -9,7 +9,13 @@ import numpy as np
 from moesim.simulator.config import SimConfig
 from moesim.simulator.kernel import COUNTER_NAMES
 
-COUNTERS = COUNTER_NAMES + ("mass",)
+
+@dataclass
+class Decisions:
+    """Every request's outcome in a replay recorded with ``simulate(..., record=True)``."""
+
+    outcome: np.ndarray     # int8 [steps, L, k]: policies.miss.OUTCOME_* (hit, fetch, substitute, drop, cpu); -1 pad
+    substitute: np.ndarray  # int16 [steps, L, k]: the expert run in place of a substituted request, else -1
 
 
 def rates(c: dict, steps: int) -> dict:
@@ -37,15 +43,16 @@ class SimResult:
     trace_digest: str = ""
     synthetic: bool = False
     replay_seconds: float = 0.0
-    token_seconds: np.ndarray | None = None  # [steps] simulated seconds per step (zeros without a cost model)
-    token_stall: np.ndarray | None = None    # [steps] seconds a step waited for the link
-    step_members: np.ndarray | None = None   # [steps] tokens decoded per step (the batch's live members)
-    step_decode: np.ndarray | None = None    # [steps] step is a decode step
+    token_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [steps] simulated seconds per step
+    token_stall: np.ndarray = field(default_factory=lambda: np.zeros(0))    # [steps] seconds waiting for the link
+    step_members: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # [steps] tokens per step
+    step_decode: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))   # [steps] a decode step
     warmup_steps: int = 0
     timing: dict | None = None
+    decisions: Decisions | None = None
     extra: dict = field(default_factory=dict)
 
-    def attach_timing(self, cost, ram_cap: int | None = None, prefill: dict | None = None) -> None:
+    def attach_timing(self, cost, ram_cap: int | None = None) -> None:
         """Seconds per token and bytes moved, from the kernel's clock and counters."""
         steps = np.arange(len(self.token_seconds))
         counted = steps >= self.warmup_steps
@@ -77,11 +84,10 @@ class SimResult:
             "vram_bytes_free_for_experts": cost.vram_expert_slots * bpe,
             "fits_in_vram": self.slots_per_layer * len(self.layer_ids) <= cost.vram_expert_slots,
             "host_ram_tier_experts": ram_cap,  # None: every expert fits in host RAM
-            "prefill": prefill,
         }
 
     def totals(self) -> dict:
-        c = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts.sum(axis=0))}
+        c: dict[str, float] = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts.sum(axis=0))}
         c["mass"] = float(self.mass.sum())
         steps = self.counted_tokens * len(self.layer_ids)
         return {**c, **rates(c, steps)}
@@ -89,7 +95,7 @@ class SimResult:
     def layer_rows(self) -> list[dict]:
         rows = []
         for i, layer in enumerate(self.layer_ids):
-            c = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts[i])}
+            c: dict[str, float] = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts[i])}
             c["mass"] = float(self.mass[i])
             rows.append({"layer": int(layer), **c, **rates(c, self.counted_tokens)})
         return rows
@@ -110,11 +116,6 @@ class SimResult:
             **timing,
             **self.extra,
         }
-
-    def layers_frame(self):
-        import polars as pl
-
-        return pl.DataFrame(self.layer_rows())
 
     def tokens_frame(self):
         """Per-token series (every replayed token, warm-up included)."""

@@ -1,4 +1,4 @@
-"""The LRU stack-distance pass (numba): see simulator/mrc.py."""
+"""The LRU stack-distance pass (numba): see sweeps/mrc.py."""
 
 import numpy as np
 from numba import njit

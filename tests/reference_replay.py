@@ -13,7 +13,8 @@ import numpy as np
 
 COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
             "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme")
-COST_KEYS = ("dense_layer", "vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram", "copy_nvme")
+COST_KEYS = ("dense_layer", "vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram", "copy_nvme",
+             "cpu_handoff", "writeback")
 
 
 def _top(counts: dict, n: int) -> list:
@@ -120,6 +121,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             state["count"].pop(victim, None)
             c["evictions"] += 1
             tc["evictions"] += 1
+            # an engine that writes evicted experts back occupies the link, queued after what is on it
+            clock["link"] = max(clock["now"], clock["link"]) + cost["writeback"]
         state["cache"][pool].add(o)
         state["count"][o] = 1
         state["last_use"][o] = stamp
@@ -171,6 +174,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 tc["admissions"] += 1
             selected = {(l, int(e)) for e in sel[t, l] if e >= 0}
             ran_as_substitute = set()
+            cpu_before = c["cpu"]
             for r in range(k):
                 if sel[t, l, r] < 0:
                     continue
@@ -258,6 +262,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                         for d in (c, tc):
                             d["copies"] += 1
                             d["copies_nvme"] += int(nvme)
+            if c["cpu"] > cpu_before:  # the hand-off of a layer computed (partly) on the CPU
+                clock["now"] += cost["cpu_handoff"]
         tc["seconds"] = clock["now"] - t_start
     return layer, per_token
 

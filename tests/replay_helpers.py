@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import zlib
+
 import numpy as np
 
 from moesim.traces.meta import TraceMeta
@@ -66,3 +69,19 @@ def libcachesim_misses(path, policy: str, capacity: int, n_requests: int) -> int
     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
     ratio, _ = cls(cache_size=capacity).process_trace(reader)
     return int(round(ratio * n_requests))
+
+
+def stable_seed(*parts) -> int:
+    """A seed that is the same in every process (unlike hash(), which Python randomizes per process)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+@contextlib.contextmanager
+def seeded_rng(*parts):
+    """A numpy Generator seeded from ``parts``; a failure inside the block reports the seed."""
+    seed = stable_seed(*parts)
+    try:
+        yield np.random.default_rng(seed)
+    except BaseException as exc:
+        exc.add_note(f"random test data: np.random.default_rng({seed}) from {parts!r}")
+        raise

@@ -22,13 +22,13 @@ import numpy as np
 BUDGETS = (0.125, 0.25, 0.5)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def built_report() -> dict:
     """A synthetic Qwen3-30B-A3B-shaped trace (300 tokens, 2 sequences, 4 domains), the default sweep
     grid at three budgets, and the report of it. Built once per process, in a temporary directory."""
     from moesim.reports.report import build_report
-    from moesim.simulator.grid import Grid
-    from moesim.simulator.sweep import run_sweep
+    from moesim.sweeps.grid import Grid
+    from moesim.sweeps.run import run_sweep
     from moesim.traces.synthetic import synthesize
 
     root = Path(tempfile.mkdtemp(prefix="moesim-report-test-"))

@@ -144,7 +144,7 @@ def test_deepseek_v3_group_limited(tmp_path, logits):
 
 
 def test_stored_selected_wins(tmp_path, logits):
-    k, E = 3, logits.shape[2]
+    k = 3
     # the model's own choice: the k *worst* logits (as a router with a bias would)
     chosen = np.argsort(logits, axis=2)[:, :, :k]
     r = write_dense(tmp_path / "t.parquet", logits, top_k=k, gating="softmax", selected=chosen)

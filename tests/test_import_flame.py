@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import FIXTURES
+
 from moesim.cli import cli
 from moesim.errors import MoesimError
 from moesim.traces import TraceFile, load_routing

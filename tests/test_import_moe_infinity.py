@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from conftest import FIXTURES
+
 from moesim.cli import cli
 from moesim.errors import MoesimError
 from moesim.traces import load_routing

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-
 from conftest import FIXTURES
+
 from moesim.cli import cli
 from moesim.errors import MoesimError
 from moesim.traces import load_routing
@@ -93,7 +93,11 @@ def test_ids_only_keep_the_table_order(tmp_path):
 
 def test_preset_fills_the_geometry(tmp_path):
     src = tmp_path / "in.csv"
-    rows = ["seq,pos,layer,experts"] + [f"0,{p},{layer},{';'.join(str((p * 7 + layer + j * 13) % 128) for j in range(8))}"
+
+    def ids(p, layer):
+        return ";".join(str((p * 7 + layer + j * 13) % 128) for j in range(8))
+
+    rows = ["seq,pos,layer,experts"] + [f"0,{p},{layer},{ids(p, layer)}"
                                         for p in range(3) for layer in (0, 47)]
     src.write_text("\n".join(rows) + "\n")
     res = import_table(src, tmp_path / "t.parquet", preset="qwen3-30b-a3b")

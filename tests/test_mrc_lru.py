@@ -11,7 +11,7 @@ from sweep_helpers import run_cli, small_trace
 
 from moesim.simulator import simulate
 from moesim.simulator.kernel import HITS, REQUESTS
-from moesim.simulator.mrc import lru_hits, mrc
+from moesim.sweeps.mrc import lru_hits, mrc
 
 
 @pytest.mark.parametrize("T, L, E, k, n_seq, warmup, reset", [

@@ -13,7 +13,8 @@ from moesim.reports.profile import profile
 from moesim.traces.meta import TraceMeta
 from moesim.traces.routing import Routing
 
-KEYS = ["trace", "model", "synthetic", "frequency_only", "tokens", "sequences", "n_layers", "experts", "top_k", "reuse_next_token",
+KEYS = ["trace", "model", "synthetic", "frequency_only", "tokens", "sequences", "n_layers", "experts", "top_k",
+        "reuse_next_token",
         "reuse_chance_uniform", "reuse_chance_marginal", "working_set_95", "layers", "domain_similarity", "gate"]
 
 

@@ -5,11 +5,12 @@ import itertools
 import numpy as np
 import pytest
 from reference_replay import COUNTERS, random_routing_arrays, reference_replay
-from replay_helpers import make_routing
+from replay_helpers import make_routing, seeded_rng
 
+from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
 
-EVICTIONS = ["lru", "fifo", "lfu", "freq", "belady", "static", "static-layers"]
+EVICTIONS = registry.names()
 MISSES = ["fetch-all", "threshold:0.3", "first-choice", "substitute", "drop", "cpu"]
 GEOMETRIES = [  # T, L, E, k, M, sequences
     (50, 1, 4, 1, 4, 1),
@@ -38,7 +39,11 @@ def _compare(routing, ref_args, config):
 
 @pytest.mark.parametrize("eviction,miss", list(itertools.product(EVICTIONS, MISSES)))
 def test_kernel_matches_reference(eviction, miss):
-    rng = np.random.default_rng(abs(hash((eviction, miss))) % 2**32)
+    with seeded_rng("reference", eviction, miss) as rng:
+        _kernel_matches_reference(rng, eviction, miss)
+
+
+def _kernel_matches_reference(rng, eviction, miss):
     for gi, (T, L, E, k, M, n_seq) in enumerate(GEOMETRIES):
         sel, w, cand, seq = random_routing_arrays(rng, T, L, E, k, M, n_seq)
         routing = make_routing(sel, w, cand, seq, E)

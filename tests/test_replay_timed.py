@@ -6,33 +6,40 @@ import itertools
 import numpy as np
 import pytest
 from reference_replay import COUNTERS, random_routing_arrays, reference_replay
-from replay_helpers import make_routing
+from replay_helpers import make_routing, seeded_rng
 
 from moesim.costmodel.timing import cost_params
+from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
 
-EVICTIONS = ["lru", "lfu", "freq", "belady", "fifo", "static", "static-layers"]
+EVICTIONS = registry.names()
 MISSES = ["fetch-all", "threshold:0.3", "first-choice", "substitute", "cpu"]
 
 
-def fake_cost(L, E, rng, ram_slots):
+def fake_cost(L, E, rng, ram_slots, engine_costs=False):
+    """Random seconds per operation; with ``engine_costs`` also a CPU-layer hand-off and write-back."""
     base = cost_params("qwen3-30b-a3b", "q4_k_m", "rtx3090-pcie4")
-    v = rng.uniform(0.5, 2.0, size=8)
+    v = rng.uniform(0.5, 2.0, size=10)
     return dataclasses.replace(
         base, s_dense=v[0] * L, s_dense_per_seq=0.0, s_expert_vram=v[1] * 0.1, s_fetch_ram=v[2],
         s_fetch_nvme=v[3] * 3, s_expert_cpu=v[4], s_expert_cpu_nvme=v[5] * 3, s_copy_link=v[6] * 2,
-        s_copy_nvme=v[7] * 5, ram_expert_capacity=ram_slots, unified=False)
+        s_copy_nvme=v[7] * 5, ram_expert_capacity=ram_slots, unified=False,
+        s_cpu_handoff=v[8] * 0.5 if engine_costs else 0.0, s_writeback=v[9] if engine_costs else 0.0)
 
 
 @pytest.mark.parametrize("eviction,miss", list(itertools.product(EVICTIONS, MISSES)))
 def test_timed_kernel_matches_reference(eviction, miss):
-    rng = np.random.default_rng(abs(hash(("timed", eviction, miss))) % 2**32)
-    for T, L, E, k, M, n_seq, slots, ram_slots, alloc in [(60, 2, 12, 3, 8, 2, 3, 5, "per-layer"),
-                                                         (50, 3, 8, 2, 6, 1, 2, 30, "global"),
-                                                         (40, 1, 16, 4, 10, 1, 4, 0, "per-layer")]:
+    with seeded_rng("timed", eviction, miss) as rng:
+        _timed_kernel_matches_reference(rng, eviction, miss)
+
+
+def _timed_kernel_matches_reference(rng, eviction, miss):
+    for T, L, E, k, M, n_seq, slots, ram_slots, alloc, engine in [(60, 2, 12, 3, 8, 2, 3, 5, "per-layer", False),
+                                                                 (50, 3, 8, 2, 6, 1, 2, 30, "global", True),
+                                                                 (40, 1, 16, 4, 10, 1, 4, 0, "per-layer", True)]:
         sel, w, cand, seq = random_routing_arrays(rng, T, L, E, k, M, n_seq)
         routing = make_routing(sel, w, cand, seq, E)
-        cost = fake_cost(L, E, rng, ram_slots)
+        cost = fake_cost(L, E, rng, ram_slots, engine)
         admit = None if miss in ("fetch-all", "cpu") else 0.4
         config = SimConfig(eviction=eviction, miss=miss, slots=slots, admit=admit, allocation=alloc,
                            reset_per_sequence=n_seq > 1)
@@ -50,7 +57,8 @@ def test_timed_kernel_matches_reference(eviction, miss):
             reset_per_sequence=n_seq > 1, ram_cap=ram_cap, ram_warm=list(reversed(popular[:ram_cap or 0])),
             cost={"dense_layer": cost.s_dense / L, "vram": cost.s_expert_vram, "fetch_ram": cost.s_fetch_ram,
                   "fetch_nvme": cost.s_fetch_nvme, "cpu_ram": cost.s_expert_cpu,
-                  "cpu_nvme": cost.s_expert_cpu_nvme, "copy_ram": cost.s_copy_link, "copy_nvme": cost.s_copy_nvme})
+                  "cpu_nvme": cost.s_expert_cpu_nvme, "copy_ram": cost.s_copy_link, "copy_nvme": cost.s_copy_nvme,
+                  "cpu_handoff": cost.s_cpu_handoff, "writeback": cost.s_writeback})
         for i, name in enumerate(COUNTERS):
             assert res.counts[:, i].tolist() == [ref_layers[l][name] for l in range(L)], f"{config.label()} {name}"
         np.testing.assert_allclose(res.token_seconds, [x["seconds"] for x in ref_tokens], rtol=1e-9)

@@ -134,7 +134,8 @@ def test_policy_table_rows(rep):
     assert table["ΔPPL (%)"].is_null().all()  # left for the user's own measurement
     rows = pl.read_parquet(rep["results"])
     fa = rows.filter((pl.col("preset") == "fetch-all") & (pl.col("budget") == 0.25)).row(0, named=True)
-    mine = table.filter((pl.col("policy") == "fetch-all") & (pl.col("budget (% of experts)") == "25.0")).row(0, named=True)
+    mine = table.filter((pl.col("policy") == "fetch-all")
+                        & (pl.col("budget (% of experts)") == "25.0")).row(0, named=True)
     assert float(mine["ms per token"]) == pytest.approx(1e3 * fa["s_per_token"])
     assert float(mine["speed-up (×)"]) == pytest.approx(1.0)
     assert float(mine["substituted (%)"]) == 0.0
@@ -193,7 +194,7 @@ def test_trace_only_report(rep, tmp_path):
 def test_results_without_their_trace(rep, tmp_path):
     """The trace moved away: the sweep's charts and the policy table only, and a note saying why."""
     from moesim.reports.report import build_report
-    from moesim.simulator.store import layers_path
+    from moesim.sweeps.store import layers_path
 
     rows = pl.read_parquet(rep["results"]).with_columns(pl.lit("gone/q30.parquet").alias("trace"))
     rows.write_parquet(tmp_path / "r.parquet")

@@ -10,8 +10,8 @@ import polars as pl
 import pytest
 from sweep_helpers import run_cli, small_trace
 
-from moesim.simulator.ranking import pareto_front
-from moesim.simulator.store import ROW_SCHEMA, layers_path
+from moesim.sweeps.ranking import pareto_front
+from moesim.sweeps.store import ROW_SCHEMA, layers_path
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +132,8 @@ def test_latex_table_parses(swept, trace):
 def test_unpriced_trace_ranks_by_hit_rate_and_says_so(trace):
     import dataclasses
 
-    from moesim.simulator.grid import Grid
-    from moesim.simulator.sweep import run_sweep
+    from moesim.sweeps.grid import Grid
+    from moesim.sweeps.run import run_sweep
     from moesim.traces import load_routing
 
     r = load_routing(trace)

@@ -3,8 +3,8 @@
 import pytest
 
 from moesim.errors import MoesimError
-from moesim.simulator.grid import PRESETS, Grid, axis, baseline_of, canonical, expand, grid_from_doc, load_toml
-from moesim.simulator.sweep import preset_names
+from moesim.sweeps.grid import PRESETS, Grid, axis, baseline_of, canonical, expand, grid_from_doc, load_toml
+from moesim.sweeps.run import preset_names
 
 
 def configs(grid):

@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 from sweep_helpers import run_cli, small_trace
 
-from moesim.simulator.store import layers_path
+from moesim.sweeps.store import layers_path
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'moesim[ray]'")
 
@@ -35,7 +35,7 @@ def test_ray_merges_into_the_local_results(cluster, tmp_path):
 
 
 def test_mrc_replays_on_ray(cluster, tmp_path):
-    from moesim.simulator.mrc import mrc
+    from moesim.sweeps.mrc import mrc
 
     trace = small_trace(tmp_path)
     on_ray, _ = mrc(trace, evictions=["fifo", "belady"], slots=[8, 16], executor="ray")

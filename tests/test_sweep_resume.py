@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from sweep_helpers import run_cli, small_trace, spawn
 
-from moesim.simulator.store import layers_path
+from moesim.sweeps.store import layers_path
 
 # 16 configs: lru and freq x the default miss/admission axis, plus the llama.cpp preset and its baseline
 GRID = ["--budget", "0.25", "--eviction", "lru", "--eviction", "freq"]

@@ -20,7 +20,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def rank_order(ids: np.ndarray, scores: np.ndarray, ids_sorted: bool = False) -> np.ndarray:
-    """Per row, the permutation that sorts by score descending, equal scores lower id first.
+    """Per row, the permutation that sorts by score descending, equal scores lower id first
+    (``ids_sorted``: the caller says the ids are ascending, or wants ties in the given order).
 
     One stable sort by score is exact when the ids of a row are ascending; otherwise
     only rows holding equal scores need the id tie-break, and ties are rare, so
@@ -87,9 +88,10 @@ def normalize(w: np.ndarray) -> np.ndarray:
     return w / total
 
 
-def order_selected(sel: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rank the selected experts: highest weight first, ties to the lower id."""
-    return rank_rows(sel, w)
+def order_selected(sel: np.ndarray, w: np.ndarray, keep_stored: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Rank the selected experts: highest weight first, ties to the lower id
+    (``keep_stored``: ties keep the order of ``sel`` as given)."""
+    return rank_rows(sel, w, ids_sorted=keep_stored)
 
 
 def lookup(cand_ids: np.ndarray, cand_vals: np.ndarray, want: np.ndarray, dense: bool = False

@@ -51,6 +51,7 @@ def trace_info(path: str | os.PathLike | TraceFile) -> dict:
         "bytes_per_expert": dict(m.bytes_per_expert),
         "layout": m.layout,
         "candidates_per_row": m.n_candidates,
+        "tie_order": m.tie_order,
         "columns": list(tf.columns),
         "optional_columns": optional,
         "frequency_only": bool(m.frequency_only),

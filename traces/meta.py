@@ -16,6 +16,7 @@ METADATA_KEY = b"moesim"
 
 GATINGS = ("softmax", "softmax_topk", "sigmoid")
 LAYOUTS = ("dense", "sparse", "counts")
+TIE_ORDERS = ("lower_id", "stored")
 PHASES = ("prefill", "decode")
 
 
@@ -36,6 +37,13 @@ class TraceMeta:
     logits plus the log-sum-exp over all E) or ``counts`` (a frequency-only
     trace: per (request, layer) row, how often each expert was selected, no
     time order; ``frequency_only`` must then be true).
+
+    ``tie_order``: how equal scores and equal gate weights are ranked.
+    ``lower_id`` (the default, and every trace written before the field existed):
+    the lower expert id first. ``stored``: the order of the row's ``selected`` /
+    ``top_ids`` as stored, for sources that list each step's experts in the
+    router's rank order but give no weights (their weights are exactly 1/k, so
+    only the stored order can say which expert was the first choice).
     """
 
     model_id: str
@@ -56,6 +64,7 @@ class TraceMeta:
     topk_group: int = 1
     synthetic: bool = False
     frequency_only: bool = False
+    tie_order: str = "lower_id"
     tracer: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
@@ -108,6 +117,8 @@ class TraceMeta:
             raise MoesimError(f"n_shared_experts must be >= 0, got {self.n_shared_experts}")
         if self.gating not in GATINGS:
             raise MoesimError(f"unknown gating function {self.gating!r} (expected one of {', '.join(GATINGS)})")
+        if self.tie_order not in TIE_ORDERS:
+            raise MoesimError(f"unknown tie_order {self.tie_order!r} (expected one of {', '.join(TIE_ORDERS)})")
         if self.layout not in LAYOUTS:
             raise MoesimError(f"unknown score layout {self.layout!r} (expected dense or sparse)")
         if not self.moe_layers:
@@ -144,12 +155,18 @@ class TraceMeta:
             raise MoesimError(f"routed_scaling_factor must be a finite number, got {rsf!r}")
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        doc = dataclasses.asdict(self)
+        if doc["tie_order"] == "lower_id":
+            # the default is left out, so traces written without the field stay byte for byte the same
+            del doc["tie_order"]
+        return json.dumps(doc, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> TraceMeta:
         try:
             doc = json.loads(text)
+        except RecursionError:
+            raise MoesimError("trace metadata is JSON nested too deeply") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise MoesimError(f"trace metadata is not valid JSON ({exc})") from None
         if not isinstance(doc, dict):

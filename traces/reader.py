@@ -62,7 +62,8 @@ class TraceFile:
             raise MoesimError(f"{self.path}: not a Parquet file, or truncated ({_short(exc)})") from None
         raw = (schema.metadata or {}).get(METADATA_KEY)
         if raw is None:
-            raise MoesimError(f"{self.path}: not a moesim trace (no '{METADATA_KEY.decode()}' metadata in the Parquet file)")
+            raise MoesimError(f"{self.path}: not a moesim trace "
+                              f"(no '{METADATA_KEY.decode()}' metadata in the Parquet file)")
         try:
             self.meta = TraceMeta.from_json(raw)
         except MoesimError as exc:
@@ -94,11 +95,13 @@ class TraceFile:
         for name, want in _INT_TYPES.items():
             if name in names and not (pa.types.is_integer(self.schema.field(name).type)
                                       or pa.types.is_floating(self.schema.field(name).type)):
-                raise MoesimError(f"{self.path}: column {name} must be numeric ({want}), found {self.schema.field(name).type}")
+                raise MoesimError(f"{self.path}: column {name} must be numeric ({want}), "
+                                  f"found {self.schema.field(name).type}")
         if self.meta.layout == "counts":
             extra = [c for c in ("selected", "weights", "logits", "top_ids", "top_logits") if c in names]
             if extra:
-                raise MoesimError(f"{self.path}: a counts (frequency-only) trace cannot have column(s) {', '.join(extra)}")
+                raise MoesimError(f"{self.path}: a counts (frequency-only) trace cannot have "
+                                  f"column(s) {', '.join(extra)}")
         for name in ("phase", "domain"):
             if name in names:
                 t = self.schema.field(name).type

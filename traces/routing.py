@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ class Routing:
     cand: np.ndarray
     digest: str = ""
     path: Path | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False)
 
     @property
     def n_tokens(self) -> int:
@@ -69,12 +70,41 @@ class Routing:
     def synthetic(self) -> bool:
         return bool(self.meta.synthetic)
 
-    def select_tokens(self, mask: np.ndarray) -> Routing:
-        """A Routing restricted to the tokens where ``mask`` is true (e.g. one domain)."""
-        m = np.asarray(mask, dtype=bool)
-        return Routing(self.meta, self.seq[m], self.pos[m], self.phase[m], self.domain[m], self.domain_names,
-                       None if self.token is None else self.token[m], self.sel[m], self.w[m], self.cand[m],
-                       digest=f"{self.digest}:subset", path=self.path)
+    def derived(self, key, compute):
+        """``compute()``, computed once per Routing and kept under ``key``: arrays derived from this
+        routing that every replay of it shares (next requests, a batch's union routing, ...)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def without_derived(self) -> Routing:
+        """The same routing without its derived arrays (to ship to another process)."""
+        return dataclasses.replace(self, _memo={})
+
+    def request_counts(self, n_tokens: int | None = None) -> np.ndarray:
+        """Router requests per (layer, expert) over the first ``n_tokens`` tokens (default all):
+        int64 [L, E]. Negative ids (padding) are not counted."""
+        T = self.n_tokens if n_tokens is None else min(int(n_tokens), self.n_tokens)
+
+        def count():
+            L, E = self.n_layers, self.n_experts
+            sel = self.sel[:T].astype(np.int64)
+            flat = (np.arange(L)[None, :, None] * E + sel)[sel >= 0]
+            return np.bincount(flat, minlength=L * E).reshape(L, E)
+
+        return self.derived(("request_counts", T), count)
+
+    def next_requests(self) -> tuple[np.ndarray, np.ndarray]:
+        """(next [T, L, k], first [L * E]): each request's next request of the same expert and each
+        expert's first request, as positions (t * L + l) * k + r in replay order (traces/derived.py)."""
+
+        def compute():
+            from moesim.jitcache import jitted
+
+            derived = jitted("moesim.traces.derived")
+            return derived.next_requests(np.ascontiguousarray(self.sel, dtype=np.int16), self.n_experts)
+
+        return self.derived("next_requests", compute)
 
 
 def load_routing(path: str | os.PathLike | TraceFile, *, candidates: int | None = None) -> Routing:
@@ -132,6 +162,7 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
     dense = meta.layout == "dense"
     bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
+    stored = meta.tie_order == "stored"
     cols = (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
     start = 0
     for batch in tf.iter_batches(cols):
@@ -140,7 +171,7 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
         ids, vals = _scores(batch, meta, tf.path)
         bias_rows = bias[layer_ord[rows][:, None], ids] if bias is not None else None
         score = gating.selection_scores(vals, meta.gating, bias_rows)
-        order = gating.rank_order(ids, score, ids_sorted=dense)
+        order = gating.rank_order(ids, score, ids_sorted=dense or stored)
         ranked_ids = np.take_along_axis(ids, order, axis=1)
         if has_sel:
             s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
@@ -170,7 +201,7 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
                 s = ranked_ids[:, :k]
                 sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
             ww = gating.gate_weights(sel_logits, meta.gating)
-        s_ord, w_ord = gating.order_selected(s, ww)
+        s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
         yield rows, ranked_ids, s_ord, w_ord
         start += n
 
@@ -198,9 +229,7 @@ def expert_counts(trace: str | os.PathLike | TraceFile | Routing) -> np.ndarray:
     step, as decoded) and on frequency-only (counts) traces alike; a file is streamed a
     row group at a time. For layer l, ``counts[l].sum() / k`` is its number of steps."""
     if isinstance(trace, Routing):
-        L, E = trace.n_layers, trace.n_experts
-        flat = (np.arange(L)[None, :, None] * E + trace.sel.astype(np.int64)).reshape(-1)
-        return np.bincount(flat, minlength=L * E).reshape(L, E)
+        return trace.request_counts()
     tf = trace if isinstance(trace, TraceFile) else TraceFile(trace)
     idx = tf.index_keys(tf.read_keys())
     if tf.meta.layout == "counts":
@@ -272,6 +301,7 @@ def _scores(batch: pa.RecordBatch, meta: TraceMeta, path: Path) -> tuple[np.ndar
     if not np.isfinite(vals).all():
         raise MoesimError(f"{path}: column {name} holds NaN or infinite scores")
     if meta.layout == "sparse":
+        assert lse_np is not None  # read and checked above
         # The log-sum-exp over all E logits is at least the largest of them (float32 slack).
         top = vals.max(axis=1)
         low = lse_np < top - 1e-4 * np.maximum(1.0, np.abs(top))

@@ -15,7 +15,6 @@ REQUIRED_COLUMNS = ("seq", "pos", "layer", "phase")
 DENSE_COLUMNS = ("logits",)
 SPARSE_COLUMNS = ("top_ids", "top_logits", "lse")
 COUNTS_COLUMNS = ("counts",)
-OPTIONAL_COLUMNS = ("domain", "token", "selected", "weights")
 LAYOUT_COLUMNS = {"dense": DENSE_COLUMNS, "sparse": SPARSE_COLUMNS, "counts": COUNTS_COLUMNS}
 
 

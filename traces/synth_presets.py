@@ -69,7 +69,8 @@ def _concentrated(knobs: RoutingKnobs, factor: float, **changes) -> RoutingKnobs
     """The same routing with every popularity exponent multiplied by ``factor``."""
     doms = {n: replace(d, zipf=round(d.zipf * factor, 4)) for n, d in knobs.domains.items()}
     return knobs.replace(zipf_shared=round(knobs.zipf_shared * factor, 4), domains=doms,
-                         default_domain=replace(knobs.default_domain, zipf=round(knobs.default_domain.zipf * factor, 4)),
+                         default_domain=replace(knobs.default_domain,
+                                                zipf=round(knobs.default_domain.zipf * factor, 4)),
                          **changes)
 
 

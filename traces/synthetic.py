@@ -81,11 +81,11 @@ def plan_tokens(tokens: int, seqs: int, n_domains: int, knobs: RoutingKnobs, wei
     dom = np.zeros(tokens, dtype=np.int16)
     p = weights / weights.sum()
     start = 0
-    for n in lengths:
+    for n in map(int, lengths):
         d = int(rng.choice(n_domains, p=p))
         t = 0
         while t < n:
-            seg = int(rng.geometric(1.0 / max(knobs.topic_len, 1.0)))
+            seg = int(rng.geometric(1.0 / max(float(knobs.topic_len), 1.0)))
             dom[start + t: start + min(n, t + seg)] = d
             t += seg
             if n_domains > 1:

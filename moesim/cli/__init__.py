@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("moesim.cli.profile", "Routing statistics: reuse, working set, domains, gate weights."),
     "synth": ("moesim.cli.synth", "Write a synthetic trace with a real model's geometry."),
     "import": ("moesim.cli.importers", "Convert other tools' routing traces to moesim traces."),
+    "policies": ("moesim.cli.policies", "List the eviction and miss policies the replay knows."),
     "simulate": ("moesim.cli.simulate", "Replay a trace through one cache policy."),
     "sweep": ("moesim.cli.sweep", "Rank a grid of cache policies on a trace: parallel, resumable, paper tables."),
     "mrc": ("moesim.cli.mrc", "Hit rate at every cache size (LRU in one pass; other policies on a grid)."),
@@ -62,6 +63,9 @@ class MoesimGroup(click.Group):
             _fail(" ".join(exc.format_message().split()) + hint, 2)
         except click.ClickException as exc:
             _fail(" ".join(exc.format_message().split()), exc.exit_code)
+        except RecursionError:
+            # a parser that recursed on absurdly nested input; the importers catch their own
+            _fail("input nested too deeply to read", 2)
         except (click.Abort, KeyboardInterrupt):
             _fail("interrupted", 130)
         except BrokenPipeError:

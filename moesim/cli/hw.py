@@ -11,7 +11,8 @@ def _table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
     cells = [[h for _, h in columns]] + [[_cell(r[k]) for k, _ in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     for j, row in enumerate(cells):
-        click.echo("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        line = (c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        click.echo("  ".join(line).rstrip())
         if j == 0:
             click.echo("  ".join("-" * w for w in widths))
 

@@ -36,6 +36,8 @@ def info(trace, fmt):
         ("gating", f"{d['gating']}" + (", top-k renormalized" if d["norm_topk_prob"] else "")),
         ("bytes/expert", {q: human_bytes(b) for q, b in d["bytes_per_expert"].items()}),
         ("layout", _layout(d)),
+        ("ties", "equal weights keep the stored order (the source's rank order)" if d["tie_order"] == "stored"
+         else "equal scores and weights rank the lower expert id first"),
         ("columns", d["columns"]),
         ("tokens", d["tokens"] if not d["frequency_only"]
          else f"n/a (frequency-only: expert counts of {d['requests']} requests, no time order)"),

@@ -72,7 +72,8 @@ def models_show(name, quants, fmt):
     a = dict(s["attention"])
     echo_kv([
         ("name", f"{s['name']} ({s['hf_id']})"), ("family", s["family"]), ("source", s["source"]),
-        ("layers", f"{s['layers']} ({s['moe_layers']} MoE" + (f", dense {s['dense_layers']}" if s["dense_layers"] else "") + ")"),
+        ("layers", f"{s['layers']} ({s['moe_layers']} MoE"
+                   + (f", dense {s['dense_layers']}" if s["dense_layers"] else "") + ")"),
         ("experts", f"{s['experts']} routed, top-{s['top_k']}, {s['shared_experts']} shared; gating {s['gating']}"),
         ("hidden / expert FFN", f"{s['hidden_size']} / {s['moe_intermediate_size']}"),
         ("vocabulary", s["vocab_size"]),

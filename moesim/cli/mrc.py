@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import click
 
+from moesim.cli.output import Progress
 from moesim.cli.simulate import EVICTION_HELP
-from moesim.cli.sweep import FORMAT, Progress
+from moesim.cli.sweep import FORMAT
+from moesim.policies import registry
 
 
 @click.command("mrc")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--eviction", "-e", multiple=True,
-              help=EVICTION_HELP + " Repeat for several (default: all six). LRU is computed in one "
-                                   "stack-distance pass at every size; the others are replayed on the size grid.")
+              help=EVICTION_HELP + f" Repeat for several (default: {', '.join(registry.default_evictions())}). "
+                                   "LRU is computed in one stack-distance pass at every size; the others are "
+                                   "replayed on the size grid.")
 @click.option("--allocation", multiple=True, type=click.Choice(["per-layer", "global"]),
               help="Cache per layer and/or one pool shared by all layers (default: both).")
 @click.option("--slots-grid", default=None, metavar="N,N,...|START:STOP:STEP",
@@ -39,8 +42,8 @@ def command(trace, eviction, allocation, slots_grid, budget_grid, warmup_tokens,
     Example: moesim mrc traces/qwen3next.parquet --slots-grid 16:256:16
     """
     from moesim.reports.tables import frame_csv, frame_json, mrc_tables, render
-    from moesim.simulator.grid import axis
-    from moesim.simulator.mrc import mrc, size_grid, write_curves
+    from moesim.sweeps.grid import axis
+    from moesim.sweeps.mrc import mrc, size_grid, write_curves
 
     slots = axis("slots", slots_grid) if slots_grid else None
     budgets = axis("budgets", budget_grid) if budget_grid else None

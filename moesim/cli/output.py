@@ -3,31 +3,19 @@
 from __future__ import annotations
 
 import json
-import math
+import sys
+from typing import Any
 
 import click
-import numpy as np
+
+from moesim.jsonable import plain
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                              show_default=True, help="Output format.")
 
 
-def _plain(obj):
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def echo_json(doc) -> None:
-    click.echo(json.dumps(_plain(doc), indent=2))
+    click.echo(json.dumps(plain(doc), indent=2))
 
 
 def human_bytes(n: float) -> str:
@@ -56,3 +44,34 @@ def echo_kv(rows: list[tuple[str, object]]) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k.ljust(width)}  {_fmt(v)}")
+
+
+class Progress:
+    """A progress bar on stderr when it is a terminal (opened at the first report, when the total is
+    known); nothing in logs, CI or pipes. Called as ``progress(done, total)`` with the running count."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.bar: Any = None
+        self.shown = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not sys.stderr.isatty() or total == 0:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True)
+            self.bar.__enter__()
+        self.bar.update(done - self.shown)
+        self.shown = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

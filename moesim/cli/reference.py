@@ -20,7 +20,9 @@ def _walk(cmd: click.Command, path: list[str], parent: click.Context | None = No
     yield path, cmd, ctx
     if isinstance(cmd, click.Group):
         for name in cmd.list_commands(ctx):
-            yield from _walk(cmd.get_command(ctx, name), [*path, name], ctx)
+            sub = cmd.get_command(ctx, name)
+            if sub is not None:
+                yield from _walk(sub, [*path, name], ctx)
 
 
 def all_commands() -> list[tuple[str, click.Command]]:

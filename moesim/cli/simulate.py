@@ -5,11 +5,10 @@ from __future__ import annotations
 import click
 
 from moesim.cli.output import FORMAT_OPTION, echo_json
+from moesim.policies import miss, registry
 
-EVICTION_HELP = ("Eviction policy: lru, lfu, freq (freq:H = half-life of H tokens), fifo, "
-                 "static (static:W = pin from the first W tokens), belady.")
-MISS_HELP = ("Miss policy: fetch-all, threshold:θ (0.15 rule: threshold:0.15), first-choice, substitute, "
-             "drop, cpu.")
+EVICTION_HELP = registry.help_text()
+MISS_HELP = miss.help_text()
 
 
 def policy_options(f):
@@ -73,32 +72,27 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine (with the speed-up over fetch-all with the same eviction
-    and budget, replayed in the same run). Give --budget or --slots.
+    and budget, replayed in the same run, exactly as a sweep row). Give --budget
+    or --slots.
 
     Example: moesim simulate traces/qwen3next.parquet -e freq -m threshold:0.15 --admit 0.5 -b 0.25
     """
-    import dataclasses
-
-    from moesim.costmodel.pricing import cost_for_trace
-    from moesim.simulator import simulate
-    from moesim.traces import load_routing
+    from moesim.sweeps.single import simulate_one
 
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch)
-    routing = load_routing(trace)
-    cost, cost_note = cost_for_trace(routing.meta, hw, model, quant)
-    result = simulate(routing, config, cost=cost)
+    one = simulate_one(trace, config, hw=hw, model=model, quant=quant)
+    result = one.result
     if per_token:
-        from moesim.reports.files import write_table
+        from moesim.files import write_table
 
         write_table(result.tokens_frame(), per_token)
+    row = one.row.row(0, named=True)
     doc = result.to_dict()
-    doc["trace"].update(path=trace, model=routing.meta.model_id)
-    doc["priced_as"] = cost_note
-    if cost is not None:
-        base = result if config.miss == "fetch-all" else simulate(
-            routing, dataclasses.replace(config, miss="fetch-all"), cost=cost)
-        doc["speedup_vs_fetch_all"] = base.timing["s_per_token"] / result.timing["s_per_token"]
+    doc["trace"].update(path=trace, model=row["model_id"])
+    doc["priced_as"] = one.priced_as
+    if result.timing is not None:
+        doc["speedup_vs_fetch_all"] = row["speedup_vs_fetch_all"]
     if fmt == "json":
         echo_json(doc)
         return
@@ -116,7 +110,8 @@ def render(doc: dict) -> list[str]:
         f"requests    {t['requests']:,} over {doc['counted_tokens']:,} tokens",
         f"hit rate    {100 * t['hit_rate']:.2f}%   misses {t['misses']:,} = fetches {t['fetches']:,} + "
         f"substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}",
-        f"substituted {100 * t['substitution_rate']:.2f}% of requests, first choices {t['first_choice_substitutions']:,}"
+        f"substituted {100 * t['substitution_rate']:.2f}% of requests, "
+        f"first choices {t['first_choice_substitutions']:,}"
         f", mass per step {t['mass_per_step']:.4f}",
         f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
     ]
@@ -124,8 +119,9 @@ def render(doc: dict) -> list[str]:
         tm = doc["timing"]
         by = tm["bytes_per_token"]
         lines += [
-            f"time        {1e3 * tm['s_per_token']:.2f} ms/token ({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
-            f"{doc['speedup_vs_fetch_all']:.2f}x fetch-all; {doc['priced_as']}",
+            f"time        {1e3 * tm['s_per_token']:.2f} ms/token "
+            f"({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
+            f"{_times(doc['speedup_vs_fetch_all'])} fetch-all; {doc['priced_as']}",
             f"moved/token link {by['link_sync'] / 1e6:.1f} MB sync + {by['link_background'] / 1e6:.1f} MB background, "
             f"NVMe {by['nvme'] / 1e6:.1f} MB, CPU {by['cpu'] / 1e6:.1f} MB",
         ]
@@ -142,3 +138,7 @@ def render(doc: dict) -> list[str]:
         lines.append(f"{r['layer']:>5} {100 * r['hit_rate']:7.2f} {r['fetches']:8d} {r['substitutions']:8d} "
                      f"{r['drops']:7d} {r['cpu']:8d} {r['mass_per_step']:10.4f}")
     return lines
+
+
+def _times(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"

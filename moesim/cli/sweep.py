@@ -2,58 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
+from moesim.cli.output import Progress
 from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
+from moesim.policies import miss as miss_policies
+from moesim.policies import registry
 
 TABLE_FORMATS = ["table", "json", "csv", "markdown", "latex"]
 FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default="table", show_default=True,
                       help="table: ranked terminal table; json/csv: the result rows; markdown/latex: paper tables.")
-
-
-class Progress:
-    """A progress bar on stderr when it is a terminal; nothing when piped."""
-
-    def __init__(self, label: str):
-        self.label = label
-        self.bar = None
-        self.shown = 0
-
-    def __call__(self, done: int, total: int):
-        if not sys.stderr.isatty() or total == 0:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True)
-            self.bar.__enter__()
-        self.bar.update(done - self.shown)
-        self.shown = done
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
-
-
-def grid_from_options(config, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-                      reset_per_sequence, hw, model, quant):
-    """The sweep grid: the --config file (if any), then each flag given replaces its axis."""
-    from moesim.simulator.grid import Grid, axis, load_toml
-
-    grid = load_toml(config) if config else Grid()
-    return grid.override(
-        budgets=axis("budgets", budget) if budget else None,
-        slots=axis("slots", slots) if slots else None,
-        evictions=axis("evictions", eviction) if eviction else None,
-        misses=axis("misses", miss) if miss else None,
-        thetas=axis("thetas", theta) if theta else None,
-        admits=axis("admits", admit) if admit else None,
-        allocations=list(allocation) or None,
-        batches=axis("batches", batch) if batch else None,
-        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence,
-        hws=list(hw) or None, model=model, quants=list(quant) or None,
-    )
 
 
 def print_results(df, fmt: str, top: int | None, header: dict):
@@ -76,10 +34,10 @@ def print_results(df, fmt: str, top: int | None, header: dict):
 @click.option("--budget", "-b", multiple=True, metavar="F",
               help="Cache size as a fraction of each layer's experts; repeat, or a range START:STOP:STEP.")
 @click.option("--slots", "-s", multiple=True, metavar="N", help="Cache slots per layer; repeat, or START:STOP:STEP.")
-@click.option("--eviction", "-e", multiple=True, help=EVICTION_HELP + " Repeat for several (default: all six).")
+@click.option("--eviction", "-e", multiple=True,
+              help=EVICTION_HELP + f" Repeat for several (default: {', '.join(registry.default_evictions())}).")
 @click.option("--miss", "-m", multiple=True,
-              help=MISS_HELP + " Repeat for several (default: fetch-all, threshold:0.15, first-choice, "
-                               "substitute, cpu).")
+              help=MISS_HELP + f" Repeat for several (default: {', '.join(miss_policies.default_misses())}).")
 @click.option("--theta", multiple=True, metavar="θ",
               help="Add threshold:θ miss policies (repeat, or START:STOP:STEP).")
 @click.option("--admit", multiple=True, metavar="β|none",
@@ -122,16 +80,20 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
 
     Example: moesim sweep traces/qwen3next.parquet --budget 0.25 -o results.parquet
     """
-    from moesim.simulator.sweep import run_sweep
+    from moesim.sweeps.grid import grid_from_options
+    from moesim.sweeps.run import run_sweep
 
-    grid = grid_from_options(config, budget, slots, eviction, miss, theta, admit, allocation, batch, warm,
-                             warmup_tokens, reset_per_sequence, hw, model, quant)
-    bar = Progress("sweep")
-    try:
+    def given(values):  # a repeatable flag that was not given keeps the file's (or the default) axis
+        return list(values) or None
+
+    grid = grid_from_options(config, budgets=given(budget), slots=given(slots), evictions=given(eviction),
+                             misses=given(miss), thetas=given(theta), admits=given(admit),
+                             allocations=given(allocation), batches=given(batch), warm=warm,
+                             warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=given(hw),
+                             model=model, quants=given(quant))
+    with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every)
-    finally:
-        bar.close()
     df = out.rows
     synthetic = bool(df["synthetic"].any()) if df.height else False
     header = {"traces": list(traces), "synthetic": synthetic,

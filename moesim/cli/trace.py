@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
+
+from moesim.cli.output import Progress
 
 TEXTS = click.option("--text", "texts", multiple=True, required=True, type=click.Path(dir_okay=False),
                      help="A UTF-8 text file to run through the model (repeatable).")
@@ -26,30 +26,6 @@ def _source_options(f):
     for opt in reversed((TEXTS, DOMAINS, SEQ_LEN, MAX_TOKENS, CANDIDATES, DENSE)):
         f = opt(f)
     return f
-
-
-class _Progress:
-    """A progress bar on a terminal, opened at the first report (when the token count is
-    known); silent otherwise (logs, CI, pipes). Called as ``progress(done, total)``."""
-
-    def __init__(self, label: str):
-        self.label, self.bar = label, None
-
-    def __call__(self, n: int, total: int) -> None:
-        if not sys.stderr.isatty():
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_eta=True)
-            self.bar.__enter__()
-        self.bar.update(n)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-        return False
 
 
 def _done(out: str) -> None:
@@ -93,7 +69,7 @@ def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype,
     from moesim.traces.tracers.hf import trace_hf
 
     _check_exclusive(candidates, dense)
-    with _Progress("tracing") as tick:
+    with Progress("tracing") as tick:
         trace_hf(model_dir, texts, out, domains=domains, seq_len=seq_len, max_tokens=max_tokens,
                  candidates=candidates, dense=dense, dtype=dtype, device=device, model_id=model_id,
                  progress=tick)
@@ -121,7 +97,7 @@ def llama(gguf, texts, domains, seq_len, max_tokens, candidates, dense, n_batch,
     from moesim.traces.tracers.llama import trace_llama
 
     _check_exclusive(candidates, dense)
-    with _Progress("tracing") as tick:
+    with Progress("tracing") as tick:
         trace_llama(gguf, texts, out, domains=domains, seq_len=seq_len, max_tokens=max_tokens,
                     candidates=candidates, dense=dense, n_batch=n_batch, n_threads=threads, kv_type=kv_type,
                     flash_attn={"auto": None, "on": True, "off": False}[flash_attn], model_id=model_id,

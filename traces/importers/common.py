@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,9 +71,10 @@ def write_topk_trace(out: str | os.PathLike, meta: TraceMeta, *, seq, pos, layer
     Scores: ``logits`` (the router logits of those k experts, with ``lse`` the
     log-sum-exp over all E when known) are stored as the sparse scores; without
     logits, log(weights) stands in (so softmax over the k gives back the
-    weights); without either, near-equal scores that keep the source's order
-    (weights 1/k within 1e-6). The selected experts are always stored, and the
-    weights when given, so replay uses what the source recorded, not a guess.
+    weights); without either, the weights are exactly 1/k with equal scores, and
+    the trace's ``tie_order`` is ``stored`` so that the source's order still says
+    which expert was the first choice. The selected experts are always stored,
+    and the weights when given, so replay uses what the source recorded.
     """
     seq = np.asarray(seq, dtype=np.int64)
     pos = np.asarray(pos, dtype=np.int64)
@@ -96,9 +98,11 @@ def write_topk_trace(out: str | os.PathLike, meta: TraceMeta, *, seq, pos, layer
         # a zero weight has no logit: floor it far below any real one so the rank order survives
         scores = np.log(np.maximum(weights, 1e-30))
     else:
-        # No scores in the source: equal weights, less 1e-6 per rank so that the source's
-        # order (its first choice first) survives ranking instead of falling back to ids.
-        scores = np.broadcast_to(-1e-6 * np.arange(k), (n, k)).copy()
+        # No scores in the source: true 1/k weights (a threshold rule must see exactly 1/k);
+        # the rank order lives in the stored order of `selected`, which tie_order keeps.
+        weights = np.full((n, k), 1.0 / k)
+        scores = np.zeros((n, k))
+        meta = meta.replace(tie_order="stored")
     if lse is None:
         top = scores.max(axis=1)
         lse = top + np.log(np.exp(scores - top[:, None]).sum(axis=1))
@@ -122,6 +126,68 @@ def write_topk_trace(out: str | os.PathLike, meta: TraceMeta, *, seq, pos, layer
     ph, cnt = np.unique(phase_arr[first].astype(str), return_counts=True)
     return ImportResult(Path(out), meta, rows=n, tokens=tokens, sequences=int(len(np.unique(seq))),
                         phases={p: int(c) for p, c in zip(ph, cnt) if p in PHASES}, notes=list(notes or []))
+
+
+def load_json(path: Path):
+    """The document of one JSON file. Malformed, unreadable or absurdly nested input
+    (Python's parser recurses once per level) is a MoesimError, never a traceback."""
+    if not path.exists():
+        raise MoesimError(f"{path}: no such file")
+    if path.is_dir():
+        raise MoesimError(f"{path}: is a directory, expected a JSON file")
+    try:
+        return json.loads(path.read_bytes())
+    except RecursionError:
+        raise MoesimError(f"{path}: JSON nested too deeply (routing records are a few levels deep)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MoesimError(f"{path}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
+    except OSError as exc:
+        raise MoesimError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def preset_for(model_id: str | None):
+    """The moesim model preset whose name or Hugging Face id is ``model_id``, else None:
+    it supplies the gating, shared experts and bytes per expert an import cannot see."""
+    if not model_id:
+        return None
+    from moesim.costmodel.models import find_model
+
+    return find_model(model_id)
+
+
+def preset_meta(p) -> dict:
+    """TraceMeta fields a model preset knows (empty without one)."""
+    if p is None:
+        return {}
+    return {"family": p.family, "gating": p.gating, "norm_topk_prob": p.norm_topk_prob,
+            "routed_scaling_factor": p.routed_scaling_factor, "n_shared_experts": p.n_shared_experts,
+            "dense_layers": tuple(x for x in p.dense_layers), "bytes_per_expert": p.bytes_per_expert_table()}
+
+
+def complete_tokens(seq: np.ndarray, pos: np.ndarray, layer: np.ndarray, moe_layers, where: str) -> np.ndarray:
+    """Mask of the rows whose token (seq, pos) has every one of ``moe_layers``.
+    A (seq, pos, layer) given twice is still an error: dropping cannot fix it."""
+    lut = np.full(max(moe_layers) + 1, -1, dtype=np.int64)
+    lut[list(moe_layers)] = np.arange(len(moe_layers))
+    tok = (seq.astype(np.int64) << 32) | pos.astype(np.int64)
+    uniq, inv, counts = np.unique(tok, return_inverse=True, return_counts=True)
+    slot = inv * len(moe_layers) + lut[layer]
+    srt = np.sort(slot)
+    dup = srt[1:] == srt[:-1]
+    if dup.any():
+        t = int(srt[1:][dup][0]) // len(moe_layers)
+        s, p = int(uniq[t] >> 32), int(uniq[t] & 0xFFFFFFFF)
+        raise MoesimError(f"{where}: token (seq={s}, pos={p}) has some layer twice")
+    return counts[inv] == len(moe_layers)
+
+
+def id_span_note(ids: np.ndarray, E: int) -> list[str]:
+    """A warning when the ids never reach the upper half of 0..E-1 although there are
+    plenty of selections: E is then probably wrong, and every budget fraction with it."""
+    top = int(ids.max()) + 1 if ids.size else 0
+    if ids.size >= 4 * E and top <= E // 2:
+        return [f"expert ids only span 0..{top - 1} of E={E}: is the number of experts (--experts) right?"]
+    return []
 
 
 def _span(xs) -> str:

@@ -49,6 +49,13 @@ class _Part:
     probs: np.ndarray  # [n, k]
 
 
+
+def _batch_name(folder: Path) -> re.Match:
+    """The parts of a batch folder's name (the folders were found by matching it)."""
+    m = _BATCH.match(folder.name)
+    assert m is not None
+    return m
+
 def find_layouts(path: str | os.PathLike) -> dict[str, list[Path]]:
     """The batch folders under PATH (or PATH itself), by layout."""
     root = Path(path)
@@ -90,14 +97,14 @@ def import_flame(path: str | os.PathLike, out: str | os.PathLike, *, layout: str
     if layout not in layouts:
         raise MoesimError(f"{path}: no {LAYOUT_DIRS[layout]}_* folder for the {layout} layout")
     batches = layouts[layout]
-    if len(batches) > 1 and any(_BATCH.match(b.name).group(2) is None for b in batches):
+    if len(batches) > 1 and any(_batch_name(b).group(2) is None for b in batches):
         raise MoesimError(f"{path}: several {LAYOUT_DIRS[layout]} folders without a sequence range "
                           "(_<first>-<end>) in their names; cannot number their sequences apart")
 
     parts: list[_Part] = []
     E = None
     for batch in batches:
-        m = _BATCH.match(batch.name)
+        m = _batch_name(batch)
         first, end = (int(m.group(2)), int(m.group(3))) if m.group(2) else (0, None)
         if end is not None and end <= first:
             raise MoesimError(f"{batch}: empty sequence range {first}-{end} in the folder name")
@@ -134,7 +141,7 @@ def import_flame(path: str | os.PathLike, out: str | os.PathLike, *, layout: str
     if layout == "prefill":
         source["seq_len"] = int(_prefill_seq_len(parts[0].file, seq_len))
     meta = TraceMeta(
-        model_id=model_id, family="flame_moe", n_experts=E, top_k=k, moe_layers=tuple(layers),
+        model_id=model_id, family="flame_moe", n_experts=int(E or 0), top_k=k, moe_layers=tuple(layers),
         gating="softmax", norm_topk_prob=False, layout="sparse", n_candidates=k,
         n_shared_experts=n_shared_experts, synthetic=False, tracer=tracer_info("flame"), source=source,
     )

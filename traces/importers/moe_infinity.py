@@ -25,7 +25,7 @@ def parse_layers(spec: str | None, n: int) -> tuple[int, ...]:
     """'0-23', '1,3,5' or None (0..n-1) -> layer indices; must name n layers."""
     if spec is None:
         return tuple(range(n))
-    out = []
+    out: list[int] = []
     try:
         for part in spec.split(","):
             part = part.strip()

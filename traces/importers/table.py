@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -262,7 +263,7 @@ def _wide(table, cols: dict, where: str) -> dict:
         if c in cols:
             raise MoesimError(f"{where}: column {cols[c]} belongs to the long layout, but the table has a "
                               f"per-step {cols['experts']} column")
-    steps = {"layout": "wide",
+    steps: dict[str, Any] = {"layout": "wide",
              "seq": _ints(table, cols["seq"], where), "pos": _ints(table, cols["pos"], where),
              "layer": _ints(table, cols["layer"], where), "ids": _lists(table, cols["experts"], where, True)}
     k = steps["ids"].shape[1]

@@ -37,7 +37,7 @@ def check_model_dir(model_dir: str | os.PathLike) -> dict:
                           "download the checkpoint first, moesim never reaches the hub")
     try:
         config = json.loads(cfg.read_text())
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise MoesimError(f"{cfg}: not valid JSON ({exc})") from None
     families.family_of(config.get("model_type", "?"))
     return config
@@ -95,8 +95,8 @@ def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.P
              progress: Callable[[int, int], None] | None = None, model=None, tokenizer=None) -> Path:
     """Teacher-forced forward passes of a local checkpoint over ``texts`` in sequences of
     ``seq_len`` tokens; writes the trace ``out``. ``model``/``tokenizer`` skip loading
-    (both already built from ``model_dir``). ``progress(n, total)`` is called with the
-    tokens of each sequence done and the total to do."""
+    (both already built from ``model_dir``). ``progress(done, total)`` is called after
+    each sequence with the tokens done so far and the total to do."""
     config = check_model_dir(model_dir)
     torch, _ = import_transformers()
     from moesim.traces.tracers.torch_hooks import record_router
@@ -114,10 +114,12 @@ def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.P
         mid = Path(mid).name
     with torch.inference_mode(), record_router(model, out, model_id=mid, layout="dense" if dense else "sparse",
                                                candidates=candidates, domains=doms, source=src) as rec:
+        done = 0
         for s in seqs:
             rec.domain = s.domain
             ids = torch.tensor([s.tokens], dtype=torch.long, device=model.device)
             model(input_ids=ids, use_cache=False)
+            done += len(s.tokens)
             if progress is not None:
-                progress(len(s.tokens), src["tokens"])
+                progress(done, src["tokens"])
     return Path(out)

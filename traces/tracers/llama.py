@@ -128,6 +128,8 @@ class _Collector:
             w = None
             for step in WEIGHT_STEPS:
                 w = got.get((step, il), w)
+            if logits is None:
+                raise MoesimError(f"layer {il}: llama.cpp produced no router logits (ffn_moe_logits-{il})")
             caps[il] = Capture(logits, got.get(("ffn_moe_topk", il)), w)
         self.weight_steps = {name for (name, _) in got if name in WEIGHT_STEPS}
         return caps
@@ -293,6 +295,7 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
         doms = sorted({s.domain for s in seqs if s.domain is not None}) or None
         rec = None
         try:
+            done = 0
             for si, s in enumerate(seqs):
                 llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
                 for start in range(0, len(s.tokens), n_batch):
@@ -304,12 +307,15 @@ def trace_llama(gguf_path: str | os.PathLike, texts: Sequence[str], out: str | o
                     rec.add(seq=np.full(n, si, dtype=np.int32), pos=np.arange(start, start + n),
                             captures=caps, token=np.asarray(chunk, dtype=np.int32), phase="prefill",
                             domain=s.domain)
+                done += len(s.tokens)
                 if progress is not None:
-                    progress(len(s.tokens), src["tokens"])
+                    progress(done, src["tokens"])
         except BaseException:
             if rec is not None:
                 rec.abort()
             raise
+        if rec is None:
+            raise MoesimError(f"{path}: no tokens to trace")
         rec.close()
     finally:
         if batch is not None:

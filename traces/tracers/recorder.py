@@ -19,7 +19,7 @@ import numpy as np
 from moesim.errors import MoesimError
 from moesim.traces import gating
 from moesim.traces.meta import TraceMeta
-from moesim.traces.writer import TraceWriter
+from moesim.traces.writer import DEFAULT_ROW_GROUP, TraceWriter
 
 
 def default_candidates(n_experts: int, top_k: int) -> int:
@@ -131,9 +131,9 @@ class RouterRecorder:
         self._has_sel = first.selected is not None or (
             self.meta.gating == "sigmoid" and self.meta.n_group > 1 and self.layout == "sparse")
         self._has_w = first.weights is not None
-        kwargs = {} if self.row_group_size is None else {"row_group_size": self.row_group_size}
         self.writer = TraceWriter(self.path, self.meta, domains=self.domains, token=has_token,
-                                  selected=self._has_sel, weights=self._has_w, **kwargs)
+                                  selected=self._has_sel, weights=self._has_w,
+                                  row_group_size=self.row_group_size or DEFAULT_ROW_GROUP)
 
     # -- rows -----------------------------------------------------------------------------------------
     def add(self, *, seq: np.ndarray, pos: np.ndarray, captures: dict[int, Capture], token: np.ndarray | None = None,
@@ -145,10 +145,12 @@ class RouterRecorder:
         if self.writer is None:
             self._open(captures, token is not None)
         meta = self.meta
+        assert meta is not None and self.writer is not None  # opened by the first add()
         if set(captures) != self._layer_set:
             missing = sorted(self._layer_set - set(captures))
-            extra = sorted(set(captures) - self._layer_set)
-            raise MoesimError(f"router outputs do not match the MoE layers (missing {missing}, unexpected {extra})")
+            unexpected = sorted(set(captures) - self._layer_set)
+            raise MoesimError(f"router outputs do not match the MoE layers (missing {missing}, "
+                              f"unexpected {unexpected})")
         if self.domains is not None and domain is None:
             raise MoesimError(f"set the recorder's domain (one of {', '.join(self.domains)}) before a forward pass")
         seq = np.asarray(seq, dtype=np.int32).reshape(-1)
@@ -156,7 +158,7 @@ class RouterRecorder:
         if n == 0:
             return
         cols: dict[str, list[np.ndarray]] = {}
-        for ordinal, layer in enumerate(meta.moe_layers):
+        for layer in meta.moe_layers:
             cap = captures[layer]
             logits = np.asarray(cap.logits, dtype=np.float32)
             if logits.shape != (n, meta.n_experts):
@@ -165,7 +167,8 @@ class RouterRecorder:
             if not np.isfinite(logits).all():
                 raise MoesimError(f"layer {layer}: the router produced NaN or infinite logits")
             bias = self.selection_bias.get(layer) if meta.selection_bias is not None else None
-            sel, w = cap.selected, cap.weights
+            sel: np.ndarray | None = cap.selected
+            w: np.ndarray | None = cap.weights
             if self._has_sel and sel is None:
                 sel, w_derived = derive_selection(logits, meta, bias)
                 w = w if w is not None else w_derived
@@ -177,22 +180,22 @@ class RouterRecorder:
                 w = np.asarray(w, dtype=np.float32)
                 if w.shape != (n, meta.top_k):
                     raise MoesimError(f"layer {layer}: gate weights of shape {w.shape}, expected ({n}, {meta.top_k})")
-            c = {}
+            c: dict[str, np.ndarray] = {}
             if meta.layout == "dense":
                 c["logits"] = logits
             else:
                 c["top_ids"], c["top_logits"] = sparse_rows(logits, meta.n_candidates, meta.gating, bias, sel)
                 c["lse"] = logsumexp(logits).astype(np.float32)
-            if self._has_sel:
+            if sel is not None and self._has_sel:
                 c["selected"] = sel
-            if self._has_w:
+            if w is not None and self._has_w:
                 c["weights"] = w
             for name, v in c.items():
                 cols.setdefault(name, []).append(v)
         # [L, n, ...] -> token-major rows [n * L, ...]
         rows = {name: np.stack(v, axis=1).reshape(n * L, *v[0].shape[1:]) for name, v in cols.items()}
         rep = lambda a: np.repeat(np.asarray(a), L, axis=0)  # noqa: E731
-        extra = {}
+        extra: dict[str, Any] = {}
         if token is not None:
             extra["token"] = rep(np.asarray(token, dtype=np.int32).reshape(-1))
         if domain is not None:

@@ -91,8 +91,8 @@ def model_meta(model, routers: dict[int, Any]) -> tuple[dict, dict[int, np.ndarr
     """TraceMeta fields and per-layer selection bias for a known transformers family
     (empty for other models)."""
     config = getattr(model, "config", None)
-    fam = families.FAMILIES.get(getattr(config, "model_type", None))
-    if fam is None:
+    fam = families.FAMILIES.get(str(getattr(config, "model_type", "")))
+    if fam is None or config is None:
         return {}, {}
     fields = families.gating_meta(config, fam)
     moe_cfg, dense_cfg = families.moe_layer_indices(config, fam)
@@ -129,7 +129,7 @@ class TorchRecorder:
         self.domain: str | None = None
         self.phase: str | None = None     # None: prefill for a new sequence, decode when continuing from a cache
         self._token_ids = token_ids
-        self._handles = []
+        self._handles: list[Any] = []
         self._pending: dict | None = None
         self._caps: dict[int, Capture] = {}
         self._next_seq = 0

@@ -1,7 +1,7 @@
 """Policy sweeps: many configs over traces decoded once, run in parallel, stored by key, resumable.
 
 ``run_sweep(traces, grid, output="r.parquet")`` decodes each trace once, prices it per (hw, quant),
-expands the grid (simulator/grid.py), skips every (trace, config, cost) already in ``output``, and
+expands the grid (sweeps/grid.py), skips every (trace, config, cost) already in ``output``, and
 replays the rest: in this process (jobs=1), in forked worker processes that share the decoded arrays
 copy-on-write (jobs>1, the default: one per core), or as Ray tasks (executor="ray"). Finished rows are
 flushed to the store every ``flush_seconds``, on Ctrl-C and at the end; an interrupted sweep rerun
@@ -15,60 +15,29 @@ import hashlib
 import json
 import os
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from moesim.costmodel.pricing import cost_for_trace
 from moesim.errors import MoesimError
 from moesim.simulator.config import SimConfig
-from moesim.simulator.grid import PRESETS, Grid, expand, replay_twin
-from moesim.simulator.store import ResultStore, layers_path
-
-EXECUTORS = ("local", "ray")
-# Tests slow each replay down by this many seconds to interrupt a sweep midway (never set it otherwise).
-_DELAY_ENV = "MOESIM_SWEEP_TEST_DELAY"
-
-
-class TraceEntry:
-    """A trace of the sweep: its metadata and digest at once, the decoded routing only when a
-    replay needs it (a finished sweep rerun decodes nothing)."""
-
-    def __init__(self, source, name: str):
-        from moesim.traces import Routing, TraceFile
-
-        self.name = name
-        if isinstance(source, Routing):
-            self._routing, self.meta, self.digest = source, source.meta, source.digest
-        else:
-            self._routing = None
-            self._file = TraceFile(source)
-            self.meta, self.digest = self._file.meta, self._file.digest
-
-    @property
-    def routing(self):
-        if self._routing is None:
-            from moesim.simulator.trace_cache import load_decoded
-
-            self._routing = load_decoded(self._file)
-        return self._routing
-
-
-@dataclass(frozen=True)
-class Task:
-    row_key: str
-    trace: int      # index into the sweep's traces
-    cost: int       # index into the sweep's costs
-    config: SimConfig
-    replay_key: str = ""  # tasks whose configs replay identically share one replay (grid.replay_twin)
+from moesim.sweeps.executors import EXECUTORS, Task, execute
+from moesim.sweeps.grid import PRESETS, Grid, expand, replay_twin
+from moesim.sweeps.inputs import TraceEntry, load_traces
+from moesim.sweeps.ranking import annotate
+from moesim.sweeps.store import ResultStore, layers_path
 
 
 @dataclass
 class SweepOutcome:
-    rows: object                 # polars DataFrame: this sweep's rows, ranked within groups
-    layers: object               # polars DataFrame: their per-layer rows
+    rows: Any                    # polars DataFrame: this sweep's rows, ranked within groups
+    layers: Any                  # polars DataFrame: their per-layer rows
     computed: int
     reused: int
-    interrupted: bool = False
     notes: list[str] = field(default_factory=list)
     output: Path | None = None
 
@@ -104,25 +73,6 @@ def check_config(config: SimConfig, routing) -> None:
     if config.warmup_tokens >= routing.n_tokens:
         raise MoesimError(f"warmup_tokens={config.warmup_tokens} leaves none of the trace's "
                           f"{routing.n_tokens} tokens to count")
-
-
-# ---------------------------------------------------------------------------------------------- one replay
-
-
-def replay_payload(routing, config: SimConfig, cost) -> dict:
-    """Replay one config; return plain Python values only (workers must not touch polars: it is not
-    fork-safe)."""
-    from moesim.simulator.driver import simulate
-
-    delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
-    if delay > 0:
-        time.sleep(delay)
-    res = simulate(routing, config, cost=cost)
-    timing = None
-    if res.timing is not None:
-        timing = {k: v for k, v in res.timing.items() if k != "prefill"}
-    return {"totals": res.totals(), "layers": res.layer_rows(), "timing": timing,
-            "slots_per_layer": res.slots_per_layer, "counted_tokens": res.counted_tokens}
 
 
 def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw, model, quant) -> tuple[dict, list]:
@@ -161,127 +111,6 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
     return row, layers
 
 
-# ---------------------------------------------------------------------------------------------- executors
-
-_SHARED: dict = {}  # set before forking: the decoded traces and costs the workers read
-
-
-def _run_task(task: Task) -> tuple[str, dict]:
-    return task.replay_key, replay_payload(_SHARED["routings"][task.trace], task.config,
-                                           _SHARED["costs"][task.cost])
-
-
-def _worker_init() -> None:
-    # The parent handles Ctrl-C (flush, then terminate the pool); a worker must not die mid-result.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:  # Linux: die with the parent, so a killed sweep leaves no orphaned workers behind
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _serial(tasks):
-    for task in tasks:
-        yield _run_task(task)
-
-
-def _forked(tasks, jobs: int):
-    import multiprocessing as mp
-
-    pool = mp.get_context("fork").Pool(jobs, initializer=_worker_init)
-    try:
-        yield from pool.imap_unordered(_run_task, tasks, chunksize=1)
-        pool.close()
-        pool.join()
-    finally:
-        pool.terminate()
-
-
-_RAY_TRACES: dict = {}  # per Ray worker process: object ref -> writable Routing
-
-
-def _ray_batch(trace_ref, cost, tasks):
-    """Runs in a Ray worker. ``trace_ref`` is [ObjectRef] (wrapped so Ray does not resolve it): the
-    object store hands out read-only arrays, which numba would compile as a second signature, so
-    each worker process copies a trace once and keeps it for the later batches."""
-    import numpy as np
-    import ray
-
-    key = trace_ref[0].hex()
-    local = _RAY_TRACES.get(key)
-    if local is None:
-        routing = ray.get(trace_ref[0])
-        local = dataclasses.replace(routing, sel=np.array(routing.sel), w=np.array(routing.w),
-                                    cand=np.array(routing.cand), seq=np.array(routing.seq),
-                                    phase=np.array(routing.phase), _cache={})
-        _RAY_TRACES.clear()  # one trace at a time per worker: bounded memory
-        _RAY_TRACES[key] = local
-    return [(t.replay_key, replay_payload(local, t.config, cost)) for t in tasks]
-
-
-def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None = None, executor: str = "local"):
-    """Replay every task; yield (replay_key, payload) as they finish, in any order. Close the
-    generator (or let an exception through) to stop: worker processes are terminated."""
-    from moesim.simulator.driver import arrays, ensure_compiled
-
-    if executor not in EXECUTORS:
-        raise MoesimError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
-    if jobs is not None and jobs < 1:
-        raise MoesimError(f"--jobs must be at least 1, got {jobs}")
-    if not work:
-        return
-    if executor == "ray":
-        yield from _ray(work, jobs, routings, costs)
-        return
-    ensure_compiled()  # compile or load once, before forking, so no worker compiles
-    for r in routings:
-        if r is not None:
-            arrays(r)  # next-use ticks etc., computed once and inherited by every worker
-    n_jobs = min(jobs or os.cpu_count() or 1, len(work))
-    _SHARED.update(routings=routings, costs=costs)
-    try:
-        yield from (_forked(work, n_jobs) if n_jobs > 1 else _serial(work))
-    finally:
-        _SHARED.clear()
-
-
-def _ray(tasks, jobs: int | None, routings, costs):
-    try:
-        import ray
-    except ImportError:
-        raise MoesimError("--executor ray needs Ray: pip install 'moesim[ray]'") from None
-    started = False
-    if not ray.is_initialized():
-        # RAY_ADDRESS (or a running `ray start` head) is honoured; otherwise a local cluster starts here
-        kwargs = {"num_cpus": jobs} if jobs and not os.environ.get("RAY_ADDRESS") else {}
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR", **kwargs)
-        started = True
-    try:
-        remote = ray.remote(_ray_batch)
-        trace_refs, cost_refs = {}, {}
-        by_pair: dict[tuple[int, int], list[Task]] = {}
-        for t in tasks:
-            by_pair.setdefault((t.trace, t.cost), []).append(t)
-        n_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        pending = []
-        for (ti, ci), group in by_pair.items():
-            if ti not in trace_refs:
-                trace_refs[ti] = ray.put(dataclasses.replace(routings[ti], _cache={}))
-            if ci not in cost_refs:
-                cost_refs[ci] = ray.put(costs[ci])
-            size = max(1, -(-len(group) // (4 * n_workers)))  # ~4 batches per CPU: balance vs overhead
-            for i in range(0, len(group), size):
-                pending.append(remote.remote([trace_refs[ti]], cost_refs[ci], group[i:i + size]))
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            yield from ray.get(ready[0])
-    finally:
-        if started:
-            ray.shutdown()
-
-
 # ---------------------------------------------------------------------------------------------- the sweep
 
 
@@ -313,8 +142,6 @@ class _Shield:
             raise KeyboardInterrupt
 
     def install(self):
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGINT, self._handler)
         return self
@@ -325,29 +152,13 @@ class _Shield:
             self.previous = None
 
 
-def load_traces(traces) -> list[TraceEntry]:
-    from moesim.traces import Routing
-
-    if isinstance(traces, (str, os.PathLike, Routing)):
-        traces = [traces]
-    out = []
-    for t in traces:
-        if isinstance(t, Routing):
-            out.append(TraceEntry(t, str(t.path) if t.path is not None else "<in memory>"))
-        else:
-            out.append(TraceEntry(t, str(t)))
-    if not out:
-        raise MoesimError("give at least one trace")
-    return out
-
-
 def plan(entries: list[TraceEntry], grid: Grid):
     """(tasks, costs, cost_info, notes): every (trace, config, cost) of the sweep, deduplicated."""
-    from moesim.costmodel.pricing import cost_for_trace
-
     planned = expand(grid)
     E = {ti: e.meta.n_experts for ti, e in enumerate(entries)}
-    costs, cost_info, notes = [], [], []
+    costs: list[Any] = []
+    cost_info: list[tuple] = []
+    notes: list[str] = []
     cost_index: dict[tuple, int] = {}
     tasks: dict[str, Task] = {}
     for ti, entry in enumerate(entries):
@@ -376,8 +187,6 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
     ``progress(done, total)`` is called as configs finish. On KeyboardInterrupt the finished rows are
     flushed to ``output`` before the interrupt propagates."""
     import polars as pl
-
-    from moesim.simulator.ranking import annotate
 
     if executor not in EXECUTORS:
         raise MoesimError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
@@ -427,15 +236,13 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
         finally:
             shield.uninstall()
         if interrupted and output is not None:
-            import sys
-
             print(f"moesim: sweep interrupted: {done} of {len(todo)} configs finished and saved in {output}; "
                   "run the same command again to compute only the rest", file=sys.stderr)
     keys = [t.row_key for t in tasks]
     all_rows = store.rows()
     mine = annotate(all_rows.filter(pl.col("row_key").is_in(keys)))
     layers = store.layers().filter(pl.col("row_key").is_in(keys))
-    return SweepOutcome(mine, layers, computed=done, reused=reused, interrupted=interrupted, notes=notes,
+    return SweepOutcome(mine, layers, computed=done, reused=reused, notes=notes,
                         output=Path(output) if output is not None else None)
 
 

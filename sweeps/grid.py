@@ -23,12 +23,13 @@ import math
 import os
 import tomllib
 from dataclasses import dataclass, field
+from typing import Any
 
 from moesim.errors import MoesimError
+from moesim.policies import miss as miss_mod
+from moesim.policies import registry
 from moesim.simulator.config import SimConfig
 
-DEFAULT_EVICTIONS = ("lru", "lfu", "freq", "fifo", "static", "belady")
-DEFAULT_MISSES = ("fetch-all", "threshold:0.15", "first-choice", "substitute", "cpu")
 DEFAULT_ADMITS = (None, 0.5)
 
 # The fetch-all preset uses LRU: it is what offloading engines without a policy of their own run
@@ -80,7 +81,7 @@ class Grid:
 
     def override(self, **axes) -> Grid:
         """Command-line flags replace whole axes (None or an empty tuple: keep the file's)."""
-        changes = {}
+        changes: dict[str, Any] = {}
         for name, value in axes.items():
             if value is None or (isinstance(value, (list, tuple)) and not value):
                 continue
@@ -106,7 +107,7 @@ class Planned:
 def canonical(config: SimConfig) -> SimConfig:
     """Drop the admission threshold where it cannot act (no substitution, or no admission),
     so configs that replay identically share one key."""
-    if config.admit is not None and (config.miss in ("fetch-all", "cpu") or config.pinned):
+    if config.admit is not None and (not config.substitutes or config.pinned):
         return dataclasses.replace(config, admit=None)
     return config
 
@@ -135,8 +136,8 @@ def expand(config_axes: Grid) -> list[Planned]:
     g = config_axes
     if not g.budgets and not g.slots:
         raise MoesimError("give a cache size: --budget F or --slots N (or budgets/slots in the --config file)")
-    misses = list(DEFAULT_MISSES if g.misses is None else g.misses) + [f"threshold:{t:g}" for t in g.thetas]
-    evictions = list(DEFAULT_EVICTIONS if g.evictions is None else g.evictions)
+    misses = list(miss_mod.default_misses() if g.misses is None else g.misses) + [f"threshold:{t:g}" for t in g.thetas]
+    evictions = list(registry.default_evictions() if g.evictions is None else g.evictions)
     admits = list(DEFAULT_ADMITS if g.admits is None else g.admits)
     sizes = [("budget", b) for b in g.budgets] + [("slots", s) for s in g.slots]
     out: dict[tuple, Planned] = {}
@@ -268,7 +269,7 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
     """A grid from the keys of a sweep TOML file, as a dict."""
     grid = Grid()
     known = sorted(set(_AXIS_KEYS) | set(_SCALAR_KEYS))
-    changes = {}
+    changes: dict[str, Any] = {}
     for key, value in doc.items():
         if key in _AXIS_KEYS:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
@@ -288,3 +289,42 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
         return dataclasses.replace(grid, **changes)
     except TypeError as exc:
         raise MoesimError(f"{path}: {exc}") from None
+
+
+def _values(x) -> list | None:
+    """A flag's or keyword's values: None (not given) stays None; a scalar becomes a list."""
+    if x is None:
+        return None
+    if isinstance(x, (str, int, float)):
+        return [x]
+    return list(x)
+
+
+def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, misses=None, thetas=None,
+                      admits=None, allocations=None, batches=None, warm=None, warmup_tokens=None,
+                      reset_per_sequence=None, hws=None, model=None, quants=None, presets=True) -> Grid:
+    """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
+    None), then every option given (not None) replaces its axis. Axis values are scalars or lists
+    (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
+    only the ``thetas``."""
+    if isinstance(config, dict):
+        grid = grid_from_doc(config)
+    else:
+        grid = load_toml(config) if config else Grid()
+
+    def ax(name, v):
+        v = _values(v)
+        return axis(name, v) if v else None
+
+    misses_l = _values(misses)
+    if misses_l is not None and not misses_l:
+        grid = dataclasses.replace(grid, misses=[])
+    admits_l = _values(admits)
+    if admits_l is not None:
+        admits_l = ["none" if a is None else a for a in admits_l]
+    return grid.override(budgets=ax("budgets", budgets), slots=ax("slots", slots),
+                         evictions=ax("evictions", evictions), misses=ax("misses", misses_l),
+                         thetas=ax("thetas", thetas), admits=ax("admits", admits_l),
+                         allocations=_values(allocations), batches=ax("batches", batches), warm=warm,
+                         warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=_values(hws),
+                         model=model, quants=_values(quants), presets=presets)

@@ -13,30 +13,30 @@ Other evictions have no inclusion property: they are replayed on a grid of sizes
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 
 from moesim.errors import MoesimError
+from moesim.files import write_table
+from moesim.policies import registry
+from moesim.simulator.config import ALLOCATIONS, SimConfig, slots_for_budget
 from moesim.simulator.stack_distance import stack_histograms  # decorated under the hashed cache dir (package init)
+from moesim.sweeps.executors import Task, execute
+from moesim.sweeps.inputs import load_traces
 
-DEFAULT_EVICTIONS = ("lru", "lfu", "freq", "fifo", "static", "belady")
 DEFAULT_BUDGETS = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)
-ALLOCATIONS = ("per-layer", "global")
 
 
 def lru_hits(routing, warmup_tokens: int = 0, reset_per_sequence: bool = False) -> dict:
     """LRU fetch-all hits at every size, from one pass: ``per_layer[l, N-1]`` = hits of layer l with
     N slots per layer (N = 1..E); ``pooled[l, N-1]`` = hits of layer l's requests with one shared pool
     of N x L slots; ``requests[l]`` = counted requests of layer l."""
-    from moesim.simulator.driver import arrays
-
     if warmup_tokens >= routing.n_tokens:
         raise MoesimError(f"warmup_tokens={warmup_tokens} leaves none of the trace's {routing.n_tokens} tokens")
-    a = arrays(routing)
-    per_layer, pooled = stack_histograms(a["sel"], routing.n_experts, a["tok_seq"], int(warmup_tokens),
-                                         bool(reset_per_sequence))
+    sel = np.ascontiguousarray(routing.sel, dtype=np.int16)
+    seq = np.ascontiguousarray(routing.seq, dtype=np.int32)
+    per_layer, pooled = stack_histograms(sel, routing.n_experts, seq, int(warmup_tokens), bool(reset_per_sequence))
     E, L = routing.n_experts, routing.n_layers
     cum_layer = np.cumsum(per_layer[:, :E], axis=1)  # [L, E]: distance < N  <=>  hit with N slots
     cum_pool = np.cumsum(pooled[:, : L * E], axis=1)
@@ -58,9 +58,9 @@ def size_grid(n_experts: int, slots: list[int] | None = None, budgets: list[floa
     for b in budgets or []:
         if not (0 < b <= 1):
             raise MoesimError(f"budget must be a fraction in (0, 1], got {b:g}")
-        out.add(math.floor(b * n_experts + 1e-9))
+        out.add(slots_for_budget(b, n_experts))
     if not slots and not budgets:
-        out = {math.floor(b * n_experts + 1e-9) for b in DEFAULT_BUDGETS}
+        out = {slots_for_budget(b, n_experts) for b in DEFAULT_BUDGETS}
     return sorted(s for s in out if s >= 1)
 
 
@@ -72,15 +72,12 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
     1..E (method "stack-distance"); the other evictions the size grid (method "replay")."""
     import polars as pl
 
-    from moesim.simulator.config import SimConfig, parse_eviction
-    from moesim.simulator.sweep import Task, execute, load_traces
-
     entry = load_traces([trace])[0]
     routing = entry.routing
     E, L = routing.n_experts, routing.n_layers
-    evictions = list(dict.fromkeys(evictions or DEFAULT_EVICTIONS))
+    evictions = list(dict.fromkeys(evictions or registry.default_evictions()))
     for ev in evictions:
-        parse_eviction(ev)
+        registry.parse_eviction(ev)
     allocations = list(dict.fromkeys(allocations or ALLOCATIONS))
     for a in allocations:
         if a not in ALLOCATIONS:
@@ -151,8 +148,6 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
 def write_curves(curve, layers, path: str | os.PathLike):
     """NAME.parquet (or .csv/.json) and NAME.layers.<same suffix>, atomically."""
     from pathlib import Path
-
-    from moesim.reports.files import write_table
 
     p = Path(path)
     write_table(layers, p.with_name(p.stem + ".layers" + p.suffix))

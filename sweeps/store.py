@@ -12,48 +12,9 @@ import os
 from pathlib import Path
 
 from moesim.errors import MoesimError
-from moesim.simulator.kernel import COUNTER_NAMES
-
-# One row per (trace, config, cost). Column order is the file's column order.
-ROW_SCHEMA: dict[str, str] = {
-    "row_key": "str", "trace_digest": "str", "config_key": "str", "cost_key": "str", "group_key": "str",
-    "trace": "str", "model_id": "str", "synthetic": "bool",
-    "label": "str", "policy": "str", "preset": "str",
-    "eviction": "str", "miss": "str", "admit": "f64", "budget": "f64", "slots": "i64", "slots_per_layer": "i64",
-    "allocation": "str", "warm": "bool", "warmup_tokens": "i64", "reset_per_sequence": "bool", "batch": "i64",
-    "priced": "bool", "priced_as": "str", "hw": "str", "model": "str", "quant": "str",
-    "counted_tokens": "i64",
-    **{name: "i64" for name in COUNTER_NAMES},
-    "mass": "f64", "hit_rate": "f64", "miss_rate": "f64", "substitution_rate": "f64", "drop_rate": "f64",
-    "mass_per_step": "f64",
-    "s_per_token": "f64", "ms_per_token": "f64", "tok_per_s": "f64", "stall_per_token": "f64",
-    "gb_per_token_sync": "f64", "gb_per_token_background": "f64", "gb_per_token_nvme": "f64",
-    "gb_per_token_cpu": "f64", "gb_per_token_vram_experts": "f64", "vram_gib_for_cache": "f64",
-    "fits_in_vram": "bool", "timed_steps": "str",
-    # derived over the rows of the same table (simulator/ranking.py)
-    "speedup_vs_fetch_all": "f64", "rank": "i64", "pareto": "bool", "ranked_by": "str",
-}
-LAYER_SCHEMA: dict[str, str] = {
-    "row_key": "str", "trace_digest": "str", "config_key": "str", "cost_key": "str", "label": "str",
-    "layer": "i64", **{name: "i64" for name in COUNTER_NAMES}, "mass": "f64",
-    "hit_rate": "f64", "miss_rate": "f64", "substitution_rate": "f64", "drop_rate": "f64", "mass_per_step": "f64",
-}
-DERIVED = ("speedup_vs_fetch_all", "rank", "pareto", "ranked_by")
-
-
-def polars_schema(schema: dict[str, str]) -> dict:
-    import polars as pl
-
-    types = {"str": pl.String, "bool": pl.Boolean, "f64": pl.Float64, "i64": pl.Int64}
-    return {name: types[t] for name, t in schema.items()}
-
-
-def frame(rows: list[dict], schema: dict[str, str]):
-    """A polars frame with the store's column types (missing keys are null)."""
-    import polars as pl
-
-    return pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=polars_schema(schema), orient="row") \
-        if rows else pl.DataFrame(schema=polars_schema(schema))
+from moesim.files import write_table
+from moesim.sweeps.ranking import annotate
+from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame, polars_schema
 
 
 def layers_path(path: str | os.PathLike) -> Path:
@@ -75,7 +36,7 @@ def _conform(df, schema: dict[str, str]):
 
 
 def _remove_stale_partials(path: Path) -> None:
-    """Temp files (.NAME.PID.partial, see reports/files.py) left by a sweep that was killed mid-write."""
+    """Temp files (.NAME.PID.partial, see moesim/files.py) left by a sweep that was killed mid-write."""
     for p in (path, layers_path(path)):
         for tmp in p.parent.glob(f".{p.name}.*.partial"):
             try:
@@ -130,8 +91,6 @@ class ResultStore:
         """Every row (file + new), derived columns recomputed over all of them, in a stable order."""
         import polars as pl
 
-        from moesim.simulator.ranking import annotate
-
         df = pl.concat([self.old_rows, frame(self.new_rows, ROW_SCHEMA)], how="diagonal_relaxed")
         return annotate(df)
 
@@ -144,8 +103,6 @@ class ResultStore:
     def flush(self) -> None:
         if self.path is None or not self.dirty:
             return
-        from moesim.reports.files import write_table
-
         write_table(self.layers(), layers_path(self.path))
         write_table(self.rows(), self.path)
         self.dirty = False

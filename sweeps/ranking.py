@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+from moesim.sweeps.schema import ROW_SCHEMA, frame
+
 BY_TIME = "time per token"
 BY_HIT_RATE = "hit rate (not priced)"
 
@@ -42,8 +44,6 @@ def annotate(df):
     """Add speedup_vs_fetch_all, rank, pareto and ranked_by (recomputed from scratch), sorted by
     (group, rank)."""
     import polars as pl
-
-    from moesim.simulator.store import ROW_SCHEMA, frame
 
     if df.height == 0:
         return frame([], ROW_SCHEMA)

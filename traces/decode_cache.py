@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from moesim.traces.reader import TraceFile
+from moesim.traces.routing import Routing, decode
+
 MAX_BYTES = 1 << 30  # larger decoded traces are not cached (disk use)
 _ARRAYS = ("seq", "pos", "phase", "domain", "sel", "w", "cand")
 
@@ -37,9 +40,6 @@ def cache_dir() -> Path | None:
 
 def load_decoded(source, candidates: int | None = None):
     """The decoded Routing of ``source`` (a path or TraceFile), from the cache when possible."""
-    from moesim.traces.reader import TraceFile
-    from moesim.traces.routing import Routing, decode
-
     tf = source if isinstance(source, TraceFile) else TraceFile(source)
     base = cache_dir()
     if base is None or tf.meta.frequency_only:

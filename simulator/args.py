@@ -1,0 +1,187 @@
+"""The replay kernel's arguments: five named groups, built by one function for the replay and
+for the warm-up compile alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from moesim.policies import miss as miss_mod
+from moesim.policies import registry
+from moesim.policies.static import most_requested
+from moesim.policies.structures import N_FO, N_OB, new_pools
+from moesim.simulator.batch import batch_routing
+from moesim.simulator.config import SimConfig
+from moesim.simulator.kernel import (
+    N_COSTS,
+    N_COUNTERS,
+    S_COPY_NVME,
+    S_COPY_RAM,
+    S_CPU_HANDOFF,
+    S_CPU_NVME,
+    S_CPU_RAM,
+    S_DENSE_LAYER,
+    S_EXPERT_VRAM,
+    S_FETCH_NVME,
+    S_FETCH_RAM,
+    S_WRITEBACK,
+)
+from moesim.traces.routing import Routing
+
+
+class Steps(NamedTuple):
+    """The routing being replayed (a trace, or a batch's lock-step union of one)."""
+
+    sel: np.ndarray        # [T, L, k] int16: selected experts in rank order; -1 pads a batch's union
+    w: np.ndarray          # [T, L, k] float32: the weights the miss policy reads
+    wm: np.ndarray         # [T, L, k] float32: the gate mass a substitution or drop loses
+    cand: np.ndarray       # [T, L, M] int16: scored experts, best first (substitution candidates)
+    next_req: np.ndarray   # [T, L, k] int64: position of the same expert's next request (traces/derived.py)
+    first_req: np.ndarray  # [L * E] int64: each expert's first request position
+    tok_seq: np.ndarray    # [T] int32: sequence of each step
+
+
+class Policy(NamedTuple):
+    evict: int             # eviction code (policies/registry.py)
+    prm: np.ndarray        # [registry.N_PRM] float64: the eviction's parameters
+    miss: int              # miss policy code (policies/miss.py)
+    theta: float           # threshold:θ
+    beta: float            # background admission threshold (0: none)
+    warmup_tokens: int     # steps replayed but not counted in layer_counts
+    reset_per_seq: bool    # empty the cache at each new sequence
+
+
+class Setup(NamedTuple):
+    pool_of_layer: np.ndarray  # [L] int64: the VRAM pool of each layer
+    pinned: np.ndarray         # [L * E] bool: resident from the start, never evicted
+    warm_objs: np.ndarray      # int64: inserted at each reset, least popular first
+    ram_warm: np.ndarray       # int64: the host-RAM tier's initial content, least recently used first
+    cost: np.ndarray           # [N_COSTS] float64: seconds per operation (kernel.COST_NAMES); zeros: no clock
+
+
+class State(NamedTuple):
+    objs: np.ndarray        # int64 [L * E, N_OB] (policies/structures.py)
+    objf: np.ndarray        # float64 [L * E, N_FO]
+    pools: np.ndarray       # int64 [pools + 1, N_PO]; the last row is the host-RAM tier
+    heap: np.ndarray        # float64 [sum of capacities, 3]
+    queue: np.ndarray       # int64 [L, E]: per-layer FIFO of background copies (objects) ...
+    queue_t: np.ndarray     # float64 [L, E]: ... and their completion times
+    queue_hl: np.ndarray    # int64 [L, 2]: queue head and length
+    step_counts: np.ndarray  # int64 [N_COUNTERS]: one step's counters (scratch)
+
+
+class Out(NamedTuple):
+    layer_counts: np.ndarray  # int64 [L, N_COUNTERS], counted tokens only
+    layer_mass: np.ndarray    # float64 [L]
+    tok_counts: np.ndarray    # int64 [T, N_COUNTERS], every step
+    tok_mass: np.ndarray      # float64 [T]
+    tok_seconds: np.ndarray   # float64 [T]: simulated seconds per step
+    tok_stall: np.ndarray     # float64 [T]: seconds a step waited for the link
+    outcome: np.ndarray       # int8 [T, L, k] (policies/miss.py OUTCOME_*), or empty: no decision record
+    substitute: np.ndarray    # int16 [T, L, k]: the expert run in place of a substituted request, else -1
+
+
+class KernelArgs(NamedTuple):
+    steps: Steps
+    policy: Policy
+    setup: Setup
+    state: State
+    out: Out
+
+
+@dataclass
+class Prepared:
+    """A replay ready to run: the kernel's arguments and what the result needs to interpret them."""
+
+    args: KernelArgs
+    run: Routing               # the routing replayed (the batch union when batch > 1)
+    members: np.ndarray | None  # [steps, batch] token indices of a batched replay
+    warmup_steps: int
+    slots: int
+    ram_cap: int               # host-RAM tier size in experts (-1: every expert fits)
+
+
+def kernel_costs(cost: Any, n_layers: int, batch: int) -> np.ndarray:
+    """The kernel's seconds-per-operation vector from a CostParams (zeros without one)."""
+    c = np.zeros(N_COSTS, np.float64)
+    if cost is None:
+        return c
+    c[S_DENSE_LAYER] = (cost.s_dense + (batch - 1) * cost.s_dense_per_seq) / n_layers
+    c[S_EXPERT_VRAM] = cost.s_expert_vram
+    c[S_FETCH_RAM] = cost.s_fetch_ram
+    c[S_FETCH_NVME] = cost.s_fetch_nvme
+    c[S_CPU_RAM] = cost.s_expert_cpu
+    c[S_CPU_NVME] = cost.s_expert_cpu_nvme
+    c[S_COPY_RAM] = cost.s_copy_link
+    c[S_COPY_NVME] = cost.s_copy_nvme
+    c[S_CPU_HANDOFF] = cost.s_cpu_handoff
+    c[S_WRITEBACK] = cost.s_writeback
+    return c
+
+
+def ram_tier(cost: Any, counts: np.ndarray) -> tuple[int, np.ndarray]:
+    """Host-RAM tier capacity (-1: all experts fit) and its initial content: the most
+    requested experts that fit, least popular first (a warm page cache)."""
+    L, E = counts.shape
+    if cost is None or cost.ram_expert_capacity >= L * E or cost.unified:
+        return -1, np.zeros(0, np.int64)
+    cap = int(cost.ram_expert_capacity)
+    top = np.lexsort((np.arange(L * E), -counts.reshape(-1)))[:cap]
+    return cap, top[::-1].astype(np.int64).copy()
+
+
+def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = False) -> Prepared:
+    """Everything the kernel needs to replay ``routing`` under ``config`` (priced by ``cost``, a
+    CostParams, or unclocked); ``record`` allocates the per-request decision record."""
+    L, E = routing.n_layers, routing.n_experts
+    slots = config.slots_per_layer(E)
+    if config.allocation == "global":
+        pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([slots * L], np.int64)
+    else:
+        pool_of_layer, pool_cap = np.arange(L, dtype=np.int64), np.full(L, slots, np.int64)
+    counts_all = routing.request_counts()
+
+    run, wm, members = routing, None, None
+    if config.batch > 1:
+        run, wm, members = batch_routing(routing, config.batch)
+    sel = np.ascontiguousarray(run.sel, dtype=np.int16)
+    w = np.ascontiguousarray(run.w, dtype=np.float32)
+    wm = w if wm is None else wm
+    T, _, k = sel.shape
+    warmup = config.warmup_tokens if members is None else int((members.max(axis=1) < config.warmup_tokens).sum())
+    next_req, first_req = run.next_requests()
+    steps = Steps(sel=sel, w=w, wm=wm, cand=np.ascontiguousarray(run.cand, dtype=np.int16), next_req=next_req,
+                  first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32))
+
+    ev = registry.get(config.eviction_name)
+    param = config.eviction_param
+    pinned = np.zeros(L * E, np.bool_)
+    warm_objs = np.zeros(0, np.int64)
+    if ev.pinned:
+        prefix_counts = counts_all if param is None else routing.request_counts(int(param))
+        pinned[ev.module.pinned(prefix_counts, slots, config.allocation)] = True
+    elif config.warm:
+        # least popular first, so the most popular experts are the most recently inserted
+        warm_objs = most_requested(counts_all, slots, config.allocation)[::-1].copy()
+        if config.allocation == "per-layer":
+            warm_objs = np.concatenate([warm_objs[warm_objs // E == l] for l in range(L)])
+    ram_cap, ram_warm = ram_tier(cost, counts_all)
+    policy = Policy(evict=ev.code, prm=ev.kernel_params(param), miss=miss_mod.get(config.miss_name).code,
+                    theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
+                    reset_per_seq=bool(config.reset_per_sequence))
+    setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, warm_objs=warm_objs, ram_warm=ram_warm,
+                  cost=kernel_costs(cost, L, config.batch))
+    n_obj = L * E
+    state = State(objs=np.zeros((n_obj, N_OB), np.int64), objf=np.zeros((n_obj, N_FO), np.float64),
+                  pools=new_pools(pool_cap, ram_cap), heap=np.zeros((max(1, int(pool_cap.sum())), 3), np.float64),
+                  queue=np.zeros((L, E), np.int64), queue_t=np.zeros((L, E), np.float64),
+                  queue_hl=np.zeros((L, 2), np.int64), step_counts=np.zeros(N_COUNTERS, np.int64))
+    shape = (T, L, k) if record else (0, 0, 0)
+    out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
+              tok_counts=np.zeros((T, N_COUNTERS), np.int64), tok_mass=np.zeros(T, np.float64),
+              tok_seconds=np.zeros(T, np.float64), tok_stall=np.zeros(T, np.float64),
+              outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16))
+    return Prepared(args=KernelArgs(steps, policy, setup, state, out), run=run, members=members,
+                    warmup_steps=warmup, slots=slots, ram_cap=ram_cap)

@@ -1,0 +1,161 @@
+"""Where a sweep's replays run: in this process, in forked worker processes that share the decoded
+arrays copy-on-write, or as Ray tasks. Workers return plain Python values (polars is not fork-safe)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from moesim.errors import MoesimError
+from moesim.simulator import SimConfig, simulate
+from moesim.simulator.driver import ensure_compiled
+
+EXECUTORS = ("local", "ray")
+# Tests slow each replay down by this many seconds to interrupt a sweep midway (never set it otherwise).
+_DELAY_ENV = "MOESIM_SWEEP_TEST_DELAY"
+
+
+@dataclass(frozen=True)
+class Task:
+    row_key: str
+    trace: int      # index into the sweep's traces
+    cost: int       # index into the sweep's costs
+    config: SimConfig
+    replay_key: str = ""  # tasks whose configs replay identically share one replay (grid.replay_twin)
+
+
+def replay_payload(routing, config: SimConfig, cost) -> dict:
+    """Replay one config; return plain Python values only (workers must not touch polars: it is not
+    fork-safe)."""
+    delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
+    if delay > 0:
+        time.sleep(delay)
+    return payload(simulate(routing, config, cost=cost))
+
+
+def payload(res) -> dict:
+    """The plain values of a SimResult that a sweep row is made of."""
+    return {"totals": res.totals(), "layers": res.layer_rows(), "timing": res.timing,
+            "slots_per_layer": res.slots_per_layer, "counted_tokens": res.counted_tokens}
+
+
+_SHARED: dict = {}  # set before forking: the decoded traces and costs the workers read
+
+
+def _run_task(task: Task) -> tuple[str, dict]:
+    return task.replay_key, replay_payload(_SHARED["routings"][task.trace], task.config,
+                                           _SHARED["costs"][task.cost])
+
+
+def _worker_init() -> None:
+    # The parent handles Ctrl-C (flush, then terminate the pool); a worker must not die mid-result.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # Linux: die with the parent, so a killed sweep leaves no orphaned workers behind
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _serial(tasks):
+    for task in tasks:
+        yield _run_task(task)
+
+
+def _forked(tasks, jobs: int):
+    import multiprocessing as mp
+
+    pool = mp.get_context("fork").Pool(jobs, initializer=_worker_init)
+    try:
+        yield from pool.imap_unordered(_run_task, tasks, chunksize=1)
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
+_RAY_TRACES: dict = {}  # per Ray worker process: object ref -> writable Routing
+
+
+def _ray_batch(trace_ref, cost, tasks):
+    """Runs in a Ray worker. ``trace_ref`` is [ObjectRef] (wrapped so Ray does not resolve it): the
+    object store hands out read-only arrays, which numba would compile as a second signature, so
+    each worker process copies a trace once and keeps it for the later batches."""
+    import numpy as np
+    import ray
+
+    key = trace_ref[0].hex()
+    local = _RAY_TRACES.get(key)
+    if local is None:
+        routing = ray.get(trace_ref[0])
+        local = dataclasses.replace(routing.without_derived(), sel=np.array(routing.sel), w=np.array(routing.w),
+                                    cand=np.array(routing.cand), seq=np.array(routing.seq),
+                                    phase=np.array(routing.phase))
+        _RAY_TRACES.clear()  # one trace at a time per worker: bounded memory
+        _RAY_TRACES[key] = local
+    return [(t.replay_key, replay_payload(local, t.config, cost)) for t in tasks]
+
+
+def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None = None, executor: str = "local"):
+    """Replay every task; yield (replay_key, payload) as they finish, in any order. Close the
+    generator (or let an exception through) to stop: worker processes are terminated."""
+    if executor not in EXECUTORS:
+        raise MoesimError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
+    if jobs is not None and jobs < 1:
+        raise MoesimError(f"--jobs must be at least 1, got {jobs}")
+    if not work:
+        return
+    if executor == "ray":
+        yield from _ray(work, jobs, routings, costs)
+        return
+    ensure_compiled()  # compile or load once, before forking, so no worker compiles
+    for r in routings:
+        if r is not None:
+            r.next_requests()  # computed once and inherited by every worker
+    n_jobs = min(jobs or os.cpu_count() or 1, len(work))
+    _SHARED.update(routings=routings, costs=costs)
+    try:
+        yield from (_forked(work, n_jobs) if n_jobs > 1 else _serial(work))
+    finally:
+        _SHARED.clear()
+
+
+def _ray(tasks, jobs: int | None, routings, costs):
+    try:
+        import ray
+    except ImportError:
+        raise MoesimError("--executor ray needs Ray: pip install 'moesim[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        # RAY_ADDRESS (or a running `ray start` head) is honoured; otherwise a local cluster starts here
+        kwargs: dict[str, Any] = {"num_cpus": jobs} if jobs and not os.environ.get("RAY_ADDRESS") else {}
+        ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, **kwargs)
+        started = True
+    try:
+        remote = ray.remote(_ray_batch)
+        trace_refs, cost_refs = {}, {}
+        by_pair: dict[tuple[int, int], list[Task]] = {}
+        for t in tasks:
+            by_pair.setdefault((t.trace, t.cost), []).append(t)
+        n_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        pending = []
+        for (ti, ci), group in by_pair.items():
+            if ti not in trace_refs:
+                trace_refs[ti] = ray.put(routings[ti].without_derived())
+            if ci not in cost_refs:
+                cost_refs[ci] = ray.put(costs[ci])
+            size = max(1, -(-len(group) // (4 * n_workers)))  # ~4 batches per CPU: balance vs overhead
+            for i in range(0, len(group), size):
+                pending.append(remote.remote([trace_refs[ti]], cost_refs[ci], group[i:i + size]))
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            yield from ray.get(ready[0])
+    finally:
+        if started:
+            ray.shutdown()

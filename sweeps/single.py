@@ -1,0 +1,55 @@
+"""One config replayed the way a sweep replays it: the path behind ``moesim simulate`` and
+``moesim.simulate`` alike, so that their numbers (speed-up included) are the sweep's."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from moesim.simulator import SimConfig, SimResult, simulate
+from moesim.sweeps.executors import payload
+from moesim.sweeps.grid import Grid, canonical
+from moesim.sweeps.inputs import load_traces
+from moesim.sweeps.ranking import annotate
+from moesim.sweeps.run import check_config, make_rows, plan
+from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame
+
+
+@dataclass
+class One:
+    row: Any        # polars DataFrame: the config's sweep row (one row)
+    layers: Any     # polars DataFrame: its per-layer rows
+    result: SimResult
+    priced_as: str
+
+
+def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str | None = None,
+                 quant: str | None = None) -> One:
+    """Replay ``config`` on ``trace`` (a path or a Routing), priced by (hw, model, quant) when the trace
+    can be priced, together with the reference configs its sweep row is compared with."""
+    import polars as pl
+
+    entry = load_traces([trace if isinstance(trace, (str, os.PathLike)) else trace])[0]
+    config = canonical(config)
+    size = {"budgets": [config.budget]} if config.budget is not None else {"slots": [config.slots]}
+    grid = Grid(evictions=[config.eviction], misses=[config.miss], admits=[config.admit],
+                allocations=[config.allocation], batches=[config.batch], hws=[hw], model=model, quants=[quant],
+                warm=config.warm, warmup_tokens=config.warmup_tokens,
+                reset_per_sequence=config.reset_per_sequence, presets=False, **size)
+    tasks, costs, cost_info, notes = plan([entry], grid)
+    routing = entry.routing
+    rows, layers, mine = [], [], None
+    for task in tasks:
+        check_config(task.config, routing)
+        res = simulate(routing, task.config, cost=costs[task.cost])
+        if task.config == config:
+            mine = (task.row_key, res)
+        row, lay = make_rows(task, payload(res), entry, costs[task.cost], *cost_info[task.cost])
+        rows.append(row)
+        layers.extend(lay)
+    assert mine is not None  # the grid holds the config itself
+    key, result = mine
+    df = annotate(frame(rows, ROW_SCHEMA)).filter(pl.col("row_key") == key)
+    lay_df = frame(layers, LAYER_SCHEMA).filter(pl.col("row_key") == key).sort("layer")
+    return One(row=df, layers=lay_df, result=result, priced_as=notes[0])
