@@ -49,6 +49,10 @@ class Policy:
     def insert(self, o, stamp):
         raise NotImplementedError
 
+    def lists(self) -> list[list]:
+        """The policy's lists, each newest first, numbered as the numba hooks number them."""
+        raise NotImplementedError
+
 
 # ---------------------------------------------------------------- keyed policies
 class Keyed(Policy):
@@ -94,6 +98,9 @@ class LRU(Keyed):
     def key(self, o):
         return self.last_use[o]
 
+    def lists(self):
+        return [sorted(self.last_use, key=self.key, reverse=True)]
+
 
 class FIFO(Keyed):
     """Inserted longest ago; uses do not reorder."""
@@ -102,6 +109,9 @@ class FIFO(Keyed):
 
     def key(self, o):
         return self.inserted[o]
+
+    def lists(self):
+        return [sorted(self.inserted, key=self.key, reverse=True)]
 
 
 class LFU(Keyed):
@@ -164,6 +174,9 @@ class Clock(Policy):
     def __len__(self):
         return len(self.queue)
 
+    def lists(self):
+        return [self.queue]
+
     def hit(self, o, stamp, request=True):
         if self.freq[o] < self.max_freq:
             self.freq[o] += 1
@@ -204,6 +217,9 @@ class Sieve(Policy):
 
     def __len__(self):
         return len(self.queue)
+
+    def lists(self):
+        return [self.queue]
 
     def hit(self, o, stamp, request=True):
         self.visited[o] = 1
@@ -246,55 +262,69 @@ class ARC(Policy):
         self.b1: list = []
         self.b2: list = []
         self.p = 0.0
+        self.where: dict = {}  # id -> the list holding it
 
     def __contains__(self, o):
-        return o in self.t1 or o in self.t2
+        return self.where.get(o) in ("t1", "t2")
 
     def __len__(self):
         return len(self.t1) + len(self.t2)
 
+    def lists(self):
+        return [self.t1, self.t2, self.b1, self.b2]
+
+    def _move(self, o, src: str | None, dst: str | None):
+        if src:
+            getattr(self, src).remove(o)
+        if dst:
+            getattr(self, dst).insert(0, o)
+            self.where[o] = dst
+        else:
+            del self.where[o]
+
+    def _drop_tail(self, name: str):
+        self._move(getattr(self, name)[-1], name, None)
+
     def hit(self, o, stamp, request=True):
-        (self.t1 if o in self.t1 else self.t2).remove(o)
-        self.t2.insert(0, o)
+        self._move(o, self.where[o], "t2")
 
     def _replace(self, b2_hit: bool):
         t1 = len(self.t1)
         if (t1 > 0 and (t1 > self.p or (t1 == self.p and b2_hit))) or not self.t2:
-            victim = self.t1.pop()
-            self.b1.insert(0, victim)
+            victim = self.t1[-1]
+            self._move(victim, "t1", "b1")
         else:
-            victim = self.t2.pop()
-            self.b2.insert(0, victim)
+            victim = self.t2[-1]
+            self._move(victim, "t2", "b2")
         return victim
 
     def insert(self, o, stamp):
         c = self.capacity
         full = len(self) >= c
-        if o in self.b1 or o in self.b2:
-            if o in self.b1:
+        ghost = self.where.get(o)
+        if ghost is not None:  # in B1 or B2
+            if ghost == "b1":
                 self.p = min(self.p + max(len(self.b2) / len(self.b1), 1.0), float(c))
-                self.b1.remove(o)
-                b2_hit = False
             else:
                 self.p = max(self.p - max(len(self.b1) / len(self.b2), 1.0), 0.0)
-                self.b2.remove(o)
-                b2_hit = True
-            victim = self._replace(b2_hit) if full else None
-            self.t2.insert(0, o)
+            self._move(o, ghost, None)
+            victim = self._replace(ghost == "b2") if full else None
+            self._move(o, None, "t2")
             return victim
         victim = None
         if full:
             if len(self.t1) + len(self.b1) >= c:
                 if self.b1:
-                    self.b1.pop()
+                    self._drop_tail("b1")
                     victim = self._replace(False)
                 else:
-                    victim = self.t1.pop()
+                    victim = self.t1[-1]
+                    self._move(victim, "t1", None)
             else:
                 if len(self.t1) + len(self.b1) + len(self.t2) + len(self.b2) >= 2 * c and self.b2:
-                    self.b2.pop()
+                    self._drop_tail("b2")
                 victim = self._replace(False)
-        self.t1.insert(0, o)
+        self._move(o, None, "t1")
         return victim
 
 
@@ -327,6 +357,7 @@ class S3FIFO(Policy):
         self.small: list = []   # head (newest) first
         self.main: list = []
         self.ghost: list = []
+        self.in_ghost: set = set()
         self.freq: dict = {}
         self.has_evicted = False
 
@@ -335,6 +366,9 @@ class S3FIFO(Policy):
 
     def __len__(self):
         return len(self.small) + len(self.main)
+
+    def lists(self):
+        return [self.small, self.main, self.ghost]
 
     def hit(self, o, stamp, request=True):
         self.freq[o] += 1
@@ -361,14 +395,16 @@ class S3FIFO(Policy):
                     del self.freq[x]
                     if self.ghost_cap > 0:
                         if len(self.ghost) >= self.ghost_cap:
-                            self.ghost.pop()
+                            self.in_ghost.remove(self.ghost.pop())
                         self.ghost.insert(0, x)
+                        self.in_ghost.add(x)
                     return x
         return self._evict_main()
 
     def insert(self, o, stamp):
-        if o in self.ghost:
+        if o in self.in_ghost:
             self.ghost.remove(o)
+            self.in_ghost.remove(o)
             victim = self._evict() if len(self) >= self.capacity else None
             self.main.insert(0, o)
         else:
