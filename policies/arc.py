@@ -29,8 +29,8 @@ from numba import njit
 from moesim.policies.structures import CAP, HEAD, LEN, LST, RES, SIZE, TAIL, X0, list_push_front, list_unlink
 
 NAME = "arc"
-DOC = ("ARC (libCacheSim ARC): recency list T1 and frequency list T2 with ghost lists B1/B2; "
-       "ghost hits adapt T1's target size")
+DOC = ("adaptive replacement (libCacheSim ARC): LRU lists of experts used once (T1) and again (T2); "
+       "hits on ghosts of evicted ones steer T1's target size")
 T1, T2, B1, B2 = 0, 1, 2, 3
 P = X0  # pool scalar: the float64 bits of p
 

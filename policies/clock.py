@@ -15,8 +15,8 @@ from numba import njit
 from moesim.policies.structures import CAP, CNT, RES, SIZE, TAIL, list_push_front, list_unlink
 
 NAME = "clock"
-DOC = ("CLOCK / second chance (libCacheSim Clock): a use sets the reference counter, eviction sweeps "
-       "from the oldest, sparing and clearing referenced experts")
+DOC = ("second chance (libCacheSim Clock): a use sets the expert's reference bit; eviction requeues and "
+       "clears referenced experts from the oldest on and takes the first unreferenced")
 # prm slots, libCacheSim's defaults
 PARAMS = (("init_freq", 0.0), ("n_bit_counter", 1.0))
 INIT_FREQ, N_BIT_COUNTER = 0, 1

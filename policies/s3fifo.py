@@ -31,8 +31,8 @@ from numba import njit
 from moesim.policies.structures import CAP, CNT, LEN, LST, RES, SIZE, TAIL, X0, list_push_front, list_unlink
 
 NAME = "s3fifo"
-DOC = ("S3-FIFO (libCacheSim S3FIFO): new experts enter a small FIFO, those used twice move to a main "
-       "2-bit clock, a ghost FIFO sends returning ones to main; admits nothing below 20 slots")
+DOC = ("S3-FIFO (libCacheSim S3FIFO): a small probation FIFO, a main 2-bit clock and a ghost FIFO; "
+       "admits nothing below 20 slots")
 # prm slots, libCacheSim's defaults
 PARAMS = (("small_size_ratio", 0.1), ("ghost_size_ratio", 0.9), ("move_to_main_threshold", 2.0))
 SMALL_RATIO, GHOST_RATIO, THRESHOLD = 0, 1, 2

@@ -16,8 +16,8 @@ from numba import njit
 from moesim.policies.structures import CAP, CNT, PRV, RES, SIZE, TAIL, X0, list_push_front, list_unlink
 
 NAME = "sieve"
-DOC = ("SIEVE (libCacheSim Sieve): a use marks the expert visited; a hand sweeping from old to new "
-       "clears marks and evicts the first unvisited expert")
+DOC = ("SIEVE (libCacheSim Sieve): a use marks the expert; a hand moving from oldest to newest clears "
+       "marks and evicts the first unmarked expert")
 HAND = X0  # pool scalar: the hand's object id + 1, 0 = at the tail
 
 
