@@ -10,16 +10,17 @@ sub-table of each tier says where each number comes from (spec sheet, measured, 
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 
 GIB = 2 ** 30
 GB = 1e9
 
+MAX_VALUE = 1e9  # bound on every number of a machine file (an exabyte of GiB, 1e9 GB/s, 17 minutes in us)
 # PCIe transfer rate per lane (GT/s) and line-code efficiency, by generation (PCI-SIG base specifications).
 PCIE_GT_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 PCIE_ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}
@@ -33,16 +34,51 @@ _TABLES = {
     "ram": {"capacity_gib", "reserved_gib", "spec_gb_s", "efficiency", "effective_gb_s", "latency_us"},
     "link": {"kind", "pcie_gen", "lanes", "pinned_efficiency", "pageable_efficiency", "latency_us", "use_pinned"},
     "nvme": {"capacity_gib", "spec_gb_s", "efficiency", "effective_gb_s", "latency_us"},
-    "cpu": {"name", "expert_gb_s", "latency_us"},
+    "cpu": {"name", "sockets", "cores", "core_gb_s", "matrix_us", "expert_gb_s", "latency_us"},
 }
 _TOP = {"name", "description", "source"} | set(_TABLES)
+_GPU_TABLES = ("gpu", "vram", "link")
+# Data-sheet numbers a file must give; everything else defaults from DEFAULTS (reported by `moesim hw show`).
 _REQUIRED = {
-    "gpu": ("fp16_tflops", "compute_efficiency"),
-    "vram": ("capacity_gib", "reserved_gib", "latency_us"),
-    "ram": ("capacity_gib", "reserved_gib", "latency_us"),
-    "link": ("kind", "latency_us"),
-    "nvme": ("latency_us",),
-    "cpu": ("expert_gb_s",),
+    "gpu": ("fp16_tflops",),
+    "vram": ("capacity_gib",),
+    "ram": ("capacity_gib",),
+    "link": ("kind",),
+    "nvme": (),
+    "cpu": (),
+}
+
+# Every default a hardware file may leave out: value and physical basis. (value may be a function of the file.)
+DEFAULTS: dict[tuple[str, str], tuple[object, str]] = {
+    ("gpu", "compute_efficiency"): (0.5, "assumed: quantized prefill GEMMs reach about half of the dense tensor peak"),
+    ("vram", "reserved_gib"): (lambda d: 1.0 if d["vram"]["capacity_gib"] <= 12
+                               else 1.5 if d["vram"]["capacity_gib"] <= 32 else 2.0,
+                              "assumed: CUDA context (~0.3-0.5 GiB), compute buffers and a short KV cache: "
+                              "1.0 GiB up to 12 GiB cards, 1.5 up to 32, 2.0 above"),
+    ("vram", "efficiency"): (0.75, "assumed: memory-bound GEMV kernels reach 70-85% of spec bandwidth; with the "
+                                   "llama.cpp profile's 55 us per layer it reproduces llama.cpp PR #6766 (RTX 4090)"),
+    ("vram", "latency_us"): (0.0, "assumed: a layer's experts run as one grouped kernel, no per-expert launch"),
+    ("ram", "reserved_gib"): (lambda d: max(4.0, 0.03 * d["ram"]["capacity_gib"]),
+                              "assumed: OS, desktop session and engine buffers, max(4 GiB, 3% of capacity)"),
+    ("ram", "efficiency"): (0.70, "measured: memtest86+ issue #557, Ryzen 9700X with dual-channel DDR5-5600 reads "
+                                  "62.9 GB/s = 0.70 of spec 89.6 GB/s"),
+    ("ram", "latency_us"): (0.0, "assumed: DRAM latency is negligible per MB-sized expert"),
+    ("link", "pinned_efficiency"): (0.80, "assumed: CUDA bandwidthTest host-to-device with pinned memory reaches "
+                                          "~80% of the raw PCIe rate (12-13 GB/s on 3.0 x16, 24-26 on 4.0 x16)"),
+    ("link", "pageable_efficiency"): (0.45, "assumed: pageable copies go through a driver bounce buffer, about half "
+                                            "the pinned rate"),
+    ("link", "latency_us"): (10.0, "assumed: cudaMemcpyAsync launch and DMA setup, ~5-15 us per copy"),
+    ("link", "use_pinned"): (True, "engines that offload experts keep them in pinned memory"),
+    ("nvme", "efficiency"): (0.69, "derived: the second study measured 2.4 GB/s sequential on a 3.5 GB/s "
+                                   "PCIe 3.0 drive"),
+    ("nvme", "latency_us"): (80.0, "assumed: QD1 random-read latency of consumer NVMe, ~50-100 us"),
+    ("cpu", "sockets"): (1, "assumed: one socket"),
+    ("cpu", "cores"): (0, "unknown core count: no per-core limit on the CPU expert rate"),
+    ("cpu", "core_gb_s"): (10.0, "derived: Little's law, ~14 outstanding 64 B cache-line misses per core / ~90 ns "
+                                 "DRAM latency = 10 GB/s of weights one core can stream"),
+    ("cpu", "matrix_us"): (1.0, "assumed: each expert matrix starts new memory streams; ~10 DRAM latencies (~0.1 us) "
+                                "before the hardware prefetchers run at full rate"),
+    ("cpu", "latency_us"): (0.0, "assumed: per-expert dispatch folded into matrix_us"),
 }
 
 
@@ -91,14 +127,36 @@ class HardwarePreset:
     link: Link
     nvme: Tier
     cpu_name: str
-    cpu_expert_bandwidth: float  # bytes/s of expert weights the CPU streams and computes on
+    cpu_expert_bandwidth: float  # bytes/s of expert weights the CPU streams and computes on (all sockets)
     cpu_latency: float
     path: str = ""
     doc: dict = field(default_factory=dict, compare=False, repr=False)
+    sockets: int = 1
+    cores: int = 0
+    core_bandwidth: float = 10e9  # bytes/s one core streams
+    matrix_latency: float = 1e-6  # seconds per expert matrix on the CPU (stream start)
+    cpu_expert_given: bool = False  # [cpu] expert_gb_s given (measured or calibrated), not derived
+    defaults: dict = field(default_factory=dict, compare=False, repr=False)  # "table.key" -> (value, basis)
 
     @property
     def unified(self) -> bool:
         return self.link.kind == "unified"
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.link.kind != "none"
+
+    def cpu_rate(self, numa_gain: float = 1.0, fraction: float = 1.0) -> float:
+        """Bytes/s of expert weights the CPU computes on: the effective DRAM rate of one socket plus ``numa_gain``
+        of each further socket's, capped by cores x per-core rate, times the engine's kernel ``fraction``. A given
+        [cpu] expert_gb_s (measured or calibrated) is used as it is."""
+        if self.cpu_expert_given:
+            return self.cpu_expert_bandwidth * fraction
+        per_socket = self.ram.bandwidth / self.sockets
+        bw = per_socket * (1 + (self.sockets - 1) * numa_gain)
+        if self.cores:
+            bw = min(bw, self.cores * self.core_bandwidth)
+        return bw * fraction
 
     def summary(self) -> dict:
         """Plain data: the effective numbers plus the file's own values and sources."""
@@ -115,11 +173,15 @@ class HardwarePreset:
                 "link_gb_s": _finite(self.link.bandwidth / GB), "link_latency_us": self.link.latency * 1e6,
                 "nvme_gb_s": self.nvme.bandwidth / GB, "nvme_latency_us": self.nvme.latency * 1e6,
                 "cpu_expert_gb_s": self.cpu_expert_bandwidth / GB, "gpu_tflops_effective": self.gpu_flops / 1e12,
+                "cpu_sockets": self.sockets, "cpu_cores": self.cores, "cpu_matrix_us": self.matrix_latency * 1e6,
             },
             "file": self.doc,
+            "defaults": {k: {"value": v, "basis": b} for k, (v, b) in self.defaults.items()},
         }
 
     def link_label(self) -> str:
+        if not self.has_gpu:
+            return "none (CPU-only machine)"
         if self.unified:
             return "unified memory (no copy)"
         return f"PCIe {self.link.pcie_gen}.0 x{self.link.lanes} ({'pinned' if self.link.use_pinned else 'pageable'})"
@@ -154,15 +216,12 @@ def load_hardware(name_or_path: str | HardwarePreset) -> HardwarePreset:
     if isinstance(name_or_path, HardwarePreset):
         return name_or_path
     path = hardware_path(str(name_or_path))
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
-    return _parse(doc, path)
+    return _parse(read_toml(path, "hardware file"), path)
 
 
 def _parse(doc: dict, path: Path) -> HardwarePreset:
     where = f"hardware preset {path}"
+    defaults: dict[str, tuple[object, str]] = {}
 
     def bad(msg):
         raise MoesimError(f"{where}: {msg}")
@@ -170,12 +229,23 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
     for key in doc:
         if key not in _TOP:
             bad(f"unknown key {key!r} (known: {', '.join(sorted(_TOP))})")
-    for key in ("name", *_TABLES):
-        if key not in doc:
-            bad(f"missing {'table [' + key + ']' if key in _TABLES else 'key ' + repr(key)}")
+    if "name" not in doc:
+        bad("missing key 'name'")
     if not isinstance(doc["name"], str) or not doc["name"]:
         bad("name must be a non-empty string")
+    gpu_tables = [t for t in _GPU_TABLES if t in doc]
+    cpu_only = not gpu_tables
+    if gpu_tables and len(gpu_tables) < len(_GPU_TABLES):
+        missing = [t for t in _GPU_TABLES if t not in doc][0]
+        bad(f"missing table [{missing}] ([gpu], [vram] and [link] go together; leave all three out for a "
+            "CPU-only machine)")
+    for table in ("ram", "nvme", "cpu"):
+        if table not in doc:
+            bad(f"missing table [{table}]")
+    doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in doc.items()}
     for table, allowed in _TABLES.items():
+        if table not in doc:
+            continue
         t = doc[table]
         if not isinstance(t, dict):
             bad(f"{table} must be a table")
@@ -198,12 +268,19 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
     def num(table, key, *, positive=False, default=None, at_most=None):
         t = doc[table]
         if key not in t:
+            if (table, key) in DEFAULTS:
+                value, basis = DEFAULTS[(table, key)]
+                value = value(doc) if callable(value) else value
+                defaults[f"{table}.{key}"] = (value, basis)
+                return float(value)
             if default is None:
                 bad(f"missing key {key!r} in [{table}]")
             return default
         v = t[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            bad(f"[{table}] {key} must be a number (got {v!r})")
+            bad(f"[{table}] {key} must be a number (got {v!r:.80})")
+        if v > MAX_VALUE:  # GiB, GB/s, us or TFLOP/s: beyond this a typo, and products overflow to inf
+            bad(f"[{table}] {key} must be <= {MAX_VALUE:g} (got {v})")
         if v < 0 or (positive and v == 0):
             bad(f"[{table}] {key} must be {'> 0' if positive else '>= 0'} (got {v})")
         if at_most is not None and v > at_most:
@@ -220,10 +297,8 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
             if spec and eff > spec:
                 bad(f"[{table}] effective_gb_s ({eff}) exceeds spec_gb_s ({spec})")
             return eff * GB, spec * GB
-        if "efficiency" not in t:
-            bad(f"[{table}] needs efficiency (with spec_gb_s) or effective_gb_s")
         if not spec:
-            bad(f"[{table}] efficiency needs spec_gb_s")
+            bad(f"[{table}] needs spec_gb_s (the data-sheet bandwidth) or effective_gb_s")
         e = num(table, "efficiency", positive=True, at_most=1.0)
         return spec * e * GB, spec * GB
 
@@ -231,54 +306,82 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
         bw, spec = bandwidth(table)
         has_cap = with_capacity or "capacity_gib" in doc[table]
         cap = num(table, "capacity_gib", positive=True) if has_cap else 0.0
-        reserved = num(table, "reserved_gib", default=0.0)
+        reserved = num(table, "reserved_gib", default=0.0) if has_cap else 0.0
         if has_cap and reserved >= cap:
             bad(f"[{table}] reserved_gib ({reserved}) must be below capacity_gib ({cap})")
         return Tier(capacity=cap * GIB, reserved=reserved * GIB, bandwidth=bw, spec_bandwidth=spec,
                     latency=num(table, "latency_us") * 1e-6)
 
-    vram, ram = tier("vram"), tier("ram")
+    ram = tier("ram")
     nvme = tier("nvme", with_capacity=False)
-
-    lt = doc["link"]
-    kind = lt["kind"]
-    if kind not in ("pcie", "unified"):
-        bad(f"[link] kind must be 'pcie' or 'unified' (got {kind!r})")
-    use_pinned = lt.get("use_pinned", True)
-    if not isinstance(use_pinned, bool):
-        bad(f"[link] use_pinned must be true or false (got {use_pinned!r})")
-    if kind == "pcie":
-        for key in ("pcie_gen", "lanes", "pinned_efficiency", "pageable_efficiency"):
-            if key not in lt:
-                bad(f"missing key {key!r} in [link] (needed for kind = 'pcie')")
-        gen, lanes = lt["pcie_gen"], lt["lanes"]
-        if gen not in PCIE_GT_S or isinstance(gen, bool):
-            bad(f"[link] pcie_gen must be one of {', '.join(map(str, PCIE_GT_S))} (got {gen!r})")
-        if lanes not in PCIE_LANES or isinstance(lanes, bool):
-            bad(f"[link] lanes must be one of {', '.join(map(str, PCIE_LANES))} (got {lanes!r})")
-        raw = PCIE_GT_S[gen] * lanes * PCIE_ENCODING[gen] / 8 * GB
-        pinned = raw * num("link", "pinned_efficiency", positive=True, at_most=1.0)
-        pageable = raw * num("link", "pageable_efficiency", positive=True, at_most=1.0)
-        if pageable > pinned:
-            bad("[link] pageable_efficiency exceeds pinned_efficiency (pageable copies go through a bounce buffer)")
+    if cpu_only:
+        vram = Tier(capacity=0.0, reserved=0.0, bandwidth=ram.bandwidth, spec_bandwidth=ram.spec_bandwidth, latency=0.0)
+        link = Link(kind="none", pcie_gen=0, lanes=0, raw_bandwidth=0.0, pinned_bandwidth=0.0, pageable_bandwidth=0.0,
+                    latency=0.0, use_pinned=True)
+        flops = 0.0
     else:
-        gen = lanes = 0
-        raw = pinned = pageable = math.inf
-        if vram.capacity > ram.capacity:
-            bad("[vram] capacity_gib exceeds [ram] capacity_gib on a unified-memory machine (one shared pool)")
-    link = Link(kind=kind, pcie_gen=int(gen), lanes=int(lanes), raw_bandwidth=raw, pinned_bandwidth=pinned,
-                pageable_bandwidth=pageable, latency=num("link", "latency_us") * 1e-6, use_pinned=use_pinned)
+        vram = tier("vram")
+        lt = doc["link"]
+        kind = lt["kind"]
+        if not isinstance(kind, str) or kind not in ("pcie", "unified"):
+            bad(f"[link] kind must be 'pcie' or 'unified' (got {kind!r:.80})")
+        use_pinned = lt.get("use_pinned", True)
+        if "use_pinned" not in lt:
+            defaults["link.use_pinned"] = DEFAULTS[("link", "use_pinned")]
+        if not isinstance(use_pinned, bool):
+            bad(f"[link] use_pinned must be true or false (got {use_pinned!r})")
+        if kind == "pcie":
+            for key in ("pcie_gen", "lanes"):
+                if key not in lt:
+                    bad(f"missing key {key!r} in [link] (needed for kind = 'pcie')")
+            gen, lanes = lt["pcie_gen"], lt["lanes"]
+            if not isinstance(gen, int) or isinstance(gen, bool) or gen not in PCIE_GT_S:
+                bad(f"[link] pcie_gen must be one of {', '.join(map(str, PCIE_GT_S))} (got {gen!r:.80})")
+            if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes not in PCIE_LANES:
+                bad(f"[link] lanes must be one of {', '.join(map(str, PCIE_LANES))} (got {lanes!r:.80})")
+            raw = PCIE_GT_S[gen] * lanes * PCIE_ENCODING[gen] / 8 * GB
+            pinned = raw * num("link", "pinned_efficiency", positive=True, at_most=1.0)
+            pageable = raw * num("link", "pageable_efficiency", positive=True, at_most=1.0)
+            if pageable > pinned:
+                bad("[link] pageable_efficiency exceeds pinned_efficiency (pageable copies go through a bounce buffer)")
+        else:
+            gen = lanes = 0
+            raw = pinned = pageable = math.inf
+            if vram.capacity > ram.capacity:
+                bad("[vram] capacity_gib exceeds [ram] capacity_gib on a unified-memory machine (one shared pool)")
+        link = Link(kind=kind, pcie_gen=int(gen), lanes=int(lanes), raw_bandwidth=raw, pinned_bandwidth=pinned,
+                    pageable_bandwidth=pageable, latency=num("link", "latency_us") * 1e-6, use_pinned=use_pinned)
+        flops = num("gpu", "fp16_tflops", positive=True) * num("gpu", "compute_efficiency", positive=True, at_most=1.0)
 
-    cpu_bw = num("cpu", "expert_gb_s", positive=True) * GB
-    if cpu_bw > ram.bandwidth * (1 + 1e-9):
-        bad(f"[cpu] expert_gb_s ({cpu_bw / GB:g}) exceeds the effective [ram] bandwidth ({ram.bandwidth / GB:g} GB/s):"
-            " the CPU cannot stream expert weights faster than host memory delivers them")
-    flops = num("gpu", "fp16_tflops", positive=True) * num("gpu", "compute_efficiency", positive=True, at_most=1.0)
+    ct = doc["cpu"]
+    sockets = num("cpu", "sockets")
+    if not sockets.is_integer() or not 1 <= sockets <= 64:
+        bad(f"[cpu] sockets must be a whole number in 1..64 (got {sockets!r})")
+    cores = num("cpu", "cores")
+    if not float(cores).is_integer():
+        bad(f"[cpu] cores must be a whole number (got {cores!r})")
+    core_bw = num("cpu", "core_gb_s", positive=True) * GB
+    given = "expert_gb_s" in ct
+    if given:
+        cpu_bw = num("cpu", "expert_gb_s", positive=True) * GB
+        if cpu_bw > ram.bandwidth * (1 + 1e-9):
+            bad(f"[cpu] expert_gb_s ({cpu_bw / GB:g}) exceeds the effective [ram] bandwidth "
+                f"({ram.bandwidth / GB:g} GB/s):"
+                " the CPU cannot stream expert weights faster than host memory delivers them")
+    else:
+        cpu_bw = ram.bandwidth / int(sockets)
+        if cores:
+            cpu_bw = min(cpu_bw, cores * core_bw)
+        defaults["cpu.expert_gb_s"] = (round(cpu_bw / GB, 3), "derived: effective [ram] bandwidth of one "
+                                       "socket, capped by cores x core_gb_s; engines add further sockets by "
+                                       "their numa_gain")
     return HardwarePreset(
         name=str(doc["name"]), description=str(doc.get("description", "")), source=str(doc.get("source", "")),
-        gpu_name=str(doc["gpu"].get("name", "")), gpu_flops=flops * 1e12, vram=vram, ram=ram, link=link, nvme=nvme,
-        cpu_name=str(doc["cpu"].get("name", "")), cpu_expert_bandwidth=cpu_bw,
-        cpu_latency=num("cpu", "latency_us", default=0.0) * 1e-6, path=str(path), doc=doc,
+        gpu_name=str(doc.get("gpu", {}).get("name", "")), gpu_flops=flops * 1e12, vram=vram, ram=ram, link=link,
+        nvme=nvme, cpu_name=str(ct.get("name", "")), cpu_expert_bandwidth=cpu_bw,
+        cpu_latency=num("cpu", "latency_us") * 1e-6, path=str(path), doc=doc, sockets=int(sockets), cores=int(cores),
+        core_bandwidth=core_bw, matrix_latency=num("cpu", "matrix_us") * 1e-6, cpu_expert_given=given,
+        defaults=defaults,
     )
 
 
@@ -287,6 +390,8 @@ def missing_sources(hw: HardwarePreset) -> list[str]:
     out = []
     for table in _TABLES:
         t = hw.doc.get(table, {})
+        if not isinstance(t, dict):
+            continue
         src = t.get("sources", {})
         for key, value in t.items():
             if key in ("sources", "name", "kind", "use_pinned"):

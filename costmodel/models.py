@@ -12,33 +12,30 @@ from importlib import resources
 from pathlib import Path
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 
-# Bits per weight of a routed expert's tensors, by quantization. q8_0: 32 int8 + one fp16 scale per block;
-# q4_k_m: llama.cpp's mix (Q4_K, 4.5 bpw, with Q6_K, 6.5625 bpw, for half of the ffn_down tensors) ~ 4.83 bpw;
-# mxfp4: 32 fp4 values + one 8-bit scale per block.
-QUANT_BITS = {"bf16": 16.0, "fp16": 16.0, "fp8": 8.0, "q8_0": 8.5, "q4_k_m": 4.5 + (6.5625 - 4.5) / 6, "mxfp4": 4.25}
-
-# Bits per weight by tensor group, for each quantization; "expert" is QUANT_BITS. GGUF files (q8_0, q4_k_m) keep
-# 1-D tensors (norms, biases, conv, gates) and the router (ffn_gate_inp, never quantized by llama-quantize) in F32;
-# q4_k_m stores the LM head as Q6_K and the token embedding as Q4_K; its attention/shared matrices follow the same
-# Q4_K + Q6_K mix as the experts (attn_v and ffn_down of half the layers get Q6_K), so they take the expert average.
-# bf16/fp16/fp8/mxfp4 describe Hugging Face checkpoints: fp8 (DeepSeek-V3) quantizes every linear layer except
-# embedding, LM head and router (block scales add ~0.002 bpw, ignored); mxfp4 (gpt-oss) quantizes only the experts.
 _G = ("expert", "dense", "router", "embed", "lm_head", "small")
-QUANT_SCHEMES: dict[str, dict[str, float]] = {
-    "bf16": dict.fromkeys(_G, 16.0),
-    "fp16": dict.fromkeys(_G, 16.0),
-    "fp8": {"expert": 8.0, "dense": 8.0, "router": 16.0, "embed": 16.0, "lm_head": 16.0, "small": 16.0},
-    "q8_0": {"expert": 8.5, "dense": 8.5, "router": 32.0, "embed": 8.5, "lm_head": 8.5, "small": 32.0},
-    "q4_k_m": {"expert": QUANT_BITS["q4_k_m"], "dense": QUANT_BITS["q4_k_m"], "router": 32.0, "embed": 4.5,
-               "lm_head": 6.5625, "small": 32.0},
-    "mxfp4": {"expert": 4.25, "dense": 16.0, "router": 16.0, "embed": 16.0, "lm_head": 16.0, "small": 16.0},
-}
 GROUPS = _G
+
+
+def _load_quants() -> dict[str, dict[str, float]]:
+    """The named mixes of presets/quants.toml: bits per weight of each tensor group, plus a ``source`` line."""
+    doc = tomllib.loads((Path(str(resources.files("moesim.costmodel") / "presets")) / "quants.toml").read_text())
+    return {name: {g: float(t[g]) for g in _G} for name, t in doc.items()}
+
+
+def quant_sources() -> dict[str, str]:
+    doc = tomllib.loads((Path(str(resources.files("moesim.costmodel") / "presets")) / "quants.toml").read_text())
+    return {name: str(t.get("source", "")) for name, t in doc.items()}
+
+
+# Bits per weight by tensor group for each named mix (data: presets/quants.toml); QUANT_BITS = the expert bits.
+QUANT_SCHEMES: dict[str, dict[str, float]] = _load_quants()
+QUANT_BITS = {q: s["expert"] for q, s in QUANT_SCHEMES.items()}
 
 # Keys a model TOML may hold, per table; anything else is a typo worth an error.
 _TOP_KEYS = {"name", "hf_id", "family", "source", "total_params_b", "active_params_b", "active_params_convention",
-             "active_params_source", "native_quant", "moe", "dense", "attention"}
+             "active_params_source", "native_quant", "moe", "dense", "attention", "quant"}
 _MOE_KEYS = {"n_layers", "moe_layers", "n_experts", "top_k", "gating", "norm_topk_prob", "moe_intermediate_size",
              "n_shared_experts", "shared_expert_intermediate_size", "dense_intermediate_size", "routed_scaling_factor",
              "n_group", "topk_group", "glu", "expert_bias", "router_bias", "shared_expert_gate"}
@@ -83,6 +80,11 @@ class ModelPreset:
     expert_bias: bool = False
     router_bias: bool = False
     shared_expert_gate: bool = False
+    quants: dict = field(default_factory=dict)  # this model's own mixes ([quant.NAME] tables, or a GGUF's exact bits)
+    path: str = ""
+
+    def quant_names(self) -> list[str]:
+        return list(dict.fromkeys([*self.quants, *QUANT_SCHEMES]))
 
     @property
     def dense_layers(self) -> tuple[int, ...]:
@@ -99,9 +101,7 @@ class ModelPreset:
         return (3 if self.glu else 2) * self.hidden_size * self.moe_intermediate_size
 
     def bytes_per_expert(self, quant: str) -> int:
-        if quant not in QUANT_BITS:
-            raise MoesimError(f"unknown quantization {quant!r} (known: {', '.join(QUANT_BITS)})")
-        return int(round(self.params_per_expert * QUANT_BITS[quant] / 8))
+        return int(round(self.params_per_expert * self._scheme(quant)["expert"] / 8))
 
     def bytes_per_expert_table(self, quants=("bf16", "q8_0", "q4_k_m")) -> dict[str, int]:
         return {q: self.bytes_per_expert(q) for q in quants}
@@ -193,8 +193,10 @@ class ModelPreset:
     # ---- bytes ---------------------------------------------------------------------------------------------------
 
     def _scheme(self, quant: str) -> dict[str, float]:
+        if quant in self.quants:
+            return self.quants[quant]
         if quant not in QUANT_SCHEMES:
-            raise MoesimError(f"unknown quantization {quant!r} (known: {', '.join(QUANT_SCHEMES)})")
+            raise MoesimError(f"unknown quantization {quant!r} (known: {', '.join(self.quant_names())})")
         return QUANT_SCHEMES[quant]
 
     def file_bytes(self, quant: str) -> int:
@@ -262,7 +264,7 @@ class ModelPreset:
 
     def summary(self) -> dict:
         """Plain-data description (for `moesim models show --format json`)."""
-        quants = [q for q in ("bf16", "q8_0", "q4_k_m", self.native_quant) if q in QUANT_SCHEMES]
+        quants = [q for q in ("bf16", "q8_0", "q4_k_m", *self.quants, self.native_quant) if q in self.quant_names()]
         quants = list(dict.fromkeys(quants))
         groups = self.param_groups()
         return {
@@ -297,13 +299,79 @@ def model_names() -> list[str]:
     return sorted(p.stem for p in _preset_dir().glob("*.toml"))
 
 
-def _layers(spec, n_layers: int) -> tuple[int, ...]:
+def _layers(spec, n_layers: int, path: Path) -> tuple[int, ...]:
+    """moe_layers: "all", "A-B" or a list of layer indices, each in 0..n_layers-1 (checked before any range is
+    built, so a typo cannot allocate a billion-entry tuple)."""
+    def bad():
+        raise MoesimError(f"{path}: moe.moe_layers must be \"all\", \"A-B\" or a list of layer indices in "
+                          f"0..{n_layers - 1} (got {spec!r:.80})")
+
     if spec == "all":
         return tuple(range(n_layers))
-    if isinstance(spec, str) and "-" in spec:
-        a, b = spec.split("-")
-        return tuple(range(int(a), int(b) + 1))
-    return tuple(int(x) for x in spec)
+    if isinstance(spec, str):
+        a, sep, b = spec.partition("-")
+        if not (sep and a.strip().isdigit() and b.strip().isdigit()):
+            bad()
+        lo, hi = int(a), int(b)
+        if not 0 <= lo <= hi < n_layers:
+            bad()
+        return tuple(range(lo, hi + 1))
+    if not isinstance(spec, list) or len(spec) > n_layers:
+        bad()
+    out = tuple(_whole(x, "moe.moe_layers", path, 0, n_layers - 1) for x in spec)
+    if len(set(out)) != len(out):
+        bad()
+    return out
+
+
+# Bounds on every size a model file gives: far above any real model (DeepSeek-V3: 61 layers, 256 experts, hidden
+# 7168, vocabulary 129280), low enough that a typo cannot make moesim allocate gigabytes or loop for minutes.
+SIZE_BOUNDS = {
+    "n_layers": (1, 1024), "n_experts": (1, 32767), "top_k": (1, 32767), "moe_intermediate_size": (1, 1 << 22),
+    "hidden_size": (1, 1 << 20), "vocab_size": (1, 1 << 24), "n_shared_experts": (0, 1024),
+    "shared_expert_intermediate_size": (0, 1 << 22), "dense_intermediate_size": (0, 1 << 22),
+    "n_group": (1, 32767), "topk_group": (1, 32767),
+}
+_ATTN_INTS = {"n_heads": (1, 1 << 16), "n_kv_heads": (1, 1 << 16), "head_dim": (1, 1 << 16),
+              "q_lora_rank": (0, 1 << 20), "kv_lora_rank": (1, 1 << 20), "qk_nope_head_dim": (0, 1 << 16),
+              "qk_rope_head_dim": (0, 1 << 16), "v_head_dim": (1, 1 << 16), "sliding_window": (1, 1 << 31),
+              "sliding_every": (0, 1024), "full_attention_interval": (1, 1024), "linear_n_key_heads": (1, 1 << 16),
+              "linear_n_value_heads": (1, 1 << 16), "linear_key_head_dim": (1, 1 << 16),
+              "linear_value_head_dim": (1, 1 << 16), "linear_conv_kernel": (1, 1024)}
+_ATTN_BOOLS = ("bias", "sinks", "output_gate")
+
+
+def _whole(v, name: str, path: Path, lo: int, hi: int) -> int:
+    """An integer in [lo, hi]; a float only if it is whole (``top_k = 8.9`` is an error, not 8)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise MoesimError(f"{path}: {name} must be a whole number (got {v!r:.80})")
+    if not lo <= v <= hi:
+        raise MoesimError(f"{path}: {name} must be between {lo} and {hi} (got {v!r})")
+    return int(v)
+
+
+def _real(v, name: str, path: Path, lo: float = 0.0, hi: float = 1e15) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:  # also refuses nan and inf
+        raise MoesimError(f"{path}: {name} must be a number between {lo:g} and {hi:g} (got {v!r:.80})")
+    return float(v)
+
+
+def _flag(v, name: str, path: Path) -> bool:
+    if not isinstance(v, bool):
+        raise MoesimError(f"{path}: {name} must be true or false (got {v!r:.80})")
+    return v
+
+
+def _text(v, name: str, path: Path) -> str:
+    if not isinstance(v, str):
+        raise MoesimError(f"{path}: {name} must be a string (got {v!r:.80})")
+    return v
+
+
+def _table(v, name: str, path: Path) -> dict:
+    if not isinstance(v, dict):
+        raise MoesimError(f"{path}: [{name}] must be a table")
+    return v
 
 
 def _check_keys(table: dict, allowed: set, where: str, path: Path) -> None:
@@ -332,52 +400,108 @@ def load_model(name_or_path: str) -> ModelPreset:
         path = _preset_dir() / f"{name_or_path}.toml"
         if not path.exists():
             raise MoesimError(f"unknown model preset {name_or_path!r} (known: {', '.join(model_names())})")
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
+    doc = read_toml(path, "model file")
     try:
         _check_keys(doc, _TOP_KEYS, "", path)
-        moe, dense = doc["moe"], doc["dense"]
+        moe, dense = _table(doc["moe"], "moe", path), _table(doc["dense"], "dense", path)
         _check_keys(moe, _MOE_KEYS, "moe.", path)
         _check_keys(dense, _DENSE_KEYS, "dense.", path)
-        attention = dict(doc.get("attention", {}))
+        attention = dict(_table(doc.get("attention", {}), "attention", path))
         _check_keys(attention, _ATTN_KEYS, "attention.", path)
+        for key, value in attention.items():
+            if key in _ATTN_INTS:
+                attention[key] = _whole(value, f"attention.{key}", path, *_ATTN_INTS[key])
+            elif key in _ATTN_BOOLS:
+                _flag(value, f"attention.{key}", path)
+            else:
+                _text(value, f"attention.{key}", path)
+
+        def size(table: dict, where: str, key: str, default=None) -> int:
+            if key not in table:
+                if default is None:
+                    raise KeyError(key)
+                return default
+            return _whole(table[key], f"{where}{key}", path, *SIZE_BOUNDS[key])
+
+        n_layers = size(moe, "moe.", "n_layers")
         m = ModelPreset(
-            name=doc["name"], hf_id=doc.get("hf_id", ""), family=doc["family"], source=doc.get("source", ""),
-            n_layers=int(moe["n_layers"]), moe_layers=_layers(moe.get("moe_layers", "all"), int(moe["n_layers"])),
-            n_experts=int(moe["n_experts"]), top_k=int(moe["top_k"]), gating=moe["gating"],
-            norm_topk_prob=bool(moe.get("norm_topk_prob", True)),
-            moe_intermediate_size=int(moe["moe_intermediate_size"]), hidden_size=int(dense["hidden_size"]),
-            vocab_size=int(dense["vocab_size"]), n_shared_experts=int(moe.get("n_shared_experts", 0)),
-            shared_expert_intermediate_size=int(moe.get("shared_expert_intermediate_size", 0)),
-            dense_intermediate_size=int(moe.get("dense_intermediate_size", 0)),
-            routed_scaling_factor=float(moe.get("routed_scaling_factor", 1.0)),
-            n_group=int(moe.get("n_group", 1)), topk_group=int(moe.get("topk_group", 1)),
-            glu=bool(moe.get("glu", True)), tie_word_embeddings=bool(dense.get("tie_word_embeddings", False)),
-            total_params_b=float(doc.get("total_params_b", 0.0)), attention=attention,
-            active_params_b=float(doc.get("active_params_b", 0.0)),
-            active_params_convention=str(doc.get("active_params_convention", "with_embeddings")),
-            active_params_source=str(doc.get("active_params_source", "")),
-            native_quant=str(doc.get("native_quant", "bf16")),
-            expert_bias=bool(moe.get("expert_bias", False)), router_bias=bool(moe.get("router_bias", False)),
-            shared_expert_gate=bool(moe.get("shared_expert_gate", False)),
+            name=_text(doc["name"], "name", path), hf_id=_text(doc.get("hf_id", ""), "hf_id", path),
+            family=_text(doc["family"], "family", path), source=_text(doc.get("source", ""), "source", path),
+            n_layers=n_layers, moe_layers=_layers(moe.get("moe_layers", "all"), n_layers, path),
+            n_experts=size(moe, "moe.", "n_experts"), top_k=size(moe, "moe.", "top_k"),
+            gating=_text(moe["gating"], "moe.gating", path),
+            norm_topk_prob=_flag(moe.get("norm_topk_prob", True), "moe.norm_topk_prob", path),
+            moe_intermediate_size=size(moe, "moe.", "moe_intermediate_size"),
+            hidden_size=size(dense, "dense.", "hidden_size"), vocab_size=size(dense, "dense.", "vocab_size"),
+            n_shared_experts=size(moe, "moe.", "n_shared_experts", 0),
+            shared_expert_intermediate_size=size(moe, "moe.", "shared_expert_intermediate_size", 0),
+            dense_intermediate_size=size(moe, "moe.", "dense_intermediate_size", 0),
+            routed_scaling_factor=_real(moe.get("routed_scaling_factor", 1.0), "moe.routed_scaling_factor", path,
+                                        1e-9, 1e6),
+            n_group=size(moe, "moe.", "n_group", 1), topk_group=size(moe, "moe.", "topk_group", 1),
+            glu=_flag(moe.get("glu", True), "moe.glu", path),
+            tie_word_embeddings=_flag(dense.get("tie_word_embeddings", False), "dense.tie_word_embeddings", path),
+            total_params_b=_real(doc.get("total_params_b", 0.0), "total_params_b", path, 0.0, 1e6),
+            attention=attention,
+            active_params_b=_real(doc.get("active_params_b", 0.0), "active_params_b", path, 0.0, 1e6),
+            active_params_convention=_text(doc.get("active_params_convention", "with_embeddings"),
+                                           "active_params_convention", path),
+            active_params_source=_text(doc.get("active_params_source", ""), "active_params_source", path),
+            native_quant=_text(doc.get("native_quant", "bf16"), "native_quant", path),
+            expert_bias=_flag(moe.get("expert_bias", False), "moe.expert_bias", path),
+            router_bias=_flag(moe.get("router_bias", False), "moe.router_bias", path),
+            shared_expert_gate=_flag(moe.get("shared_expert_gate", False), "moe.shared_expert_gate", path),
+            quants=_model_quants(doc.get("quant", {}), path), path=str(path),
         )
     except KeyError as exc:
         raise MoesimError(f"{path}: model preset is missing required key {exc.args[0]!r}") from None
-    except (ValueError, TypeError) as exc:
-        raise MoesimError(f"{path}: not a valid model preset ({exc})") from None
     _validate_model(m, path)
     return m
+
+
+def _model_quants(tables: dict, path: Path) -> dict[str, dict[str, float]]:
+    """A model file's own [quant.NAME] tables: bits per group, unset groups taken from the named mix of the same
+    name (or from ``base = "q4_k_m"``)."""
+    out = {}
+    if not isinstance(tables, dict):
+        raise MoesimError(f"{path}: [quant] must hold tables [quant.NAME]")
+    for name, t in tables.items():
+        if not isinstance(t, dict):
+            raise MoesimError(f"{path}: [quant.{name}] must be a table of bits per group")
+        unknown = sorted(set(t) - set(_G) - {"base", "source"})
+        if unknown:
+            raise MoesimError(f"{path}: unknown key 'quant.{name}.{unknown[0]}' "
+                              f"(groups: {', '.join(_G)}, base, source)")
+        base = t.get("base", name if name in QUANT_SCHEMES else None)
+        if base is not None and base not in QUANT_SCHEMES:
+            raise MoesimError(f"{path}: quant.{name}.base {base!r} is not one of {', '.join(QUANT_SCHEMES)}")
+        bits = dict(QUANT_SCHEMES[base]) if base else {}
+        for g in _G:
+            if g in t:
+                v = t[g]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 64:
+                    raise MoesimError(f"{path}: quant.{name}.{g} must be bits per weight in (0, 64] (got {v!r})")
+                bits[g] = float(v)
+        missing = [g for g in _G if g not in bits]
+        if missing:
+            raise MoesimError(f"{path}: quant.{name} needs bits for {', '.join(missing)} (or a base mix)")
+        out[name] = bits
+    return out
+
+
+def check_sizes(m: ModelPreset, path) -> None:
+    """Every size within SIZE_BOUNDS (a model file or a GGUF header alike)."""
+    for name, (lo, hi) in SIZE_BOUNDS.items():
+        v = getattr(m, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise MoesimError(f"{path}: {name} must be a whole number between {lo} and {hi} (got {v!r})")
 
 
 def _validate_model(m: ModelPreset, path: Path) -> None:
     def bad(msg):
         raise MoesimError(f"{path}: {msg}")
 
-    for name in ("n_layers", "n_experts", "top_k", "moe_intermediate_size", "hidden_size", "vocab_size"):
-        if getattr(m, name) <= 0:
-            bad(f"{name} must be > 0 (got {getattr(m, name)})")
+    check_sizes(m, path)
     if m.top_k > m.n_experts:
         bad(f"top_k ({m.top_k}) exceeds n_experts ({m.n_experts})")
     if not m.moe_layers or min(m.moe_layers) < 0 or max(m.moe_layers) >= m.n_layers:
@@ -386,8 +510,8 @@ def _validate_model(m: ModelPreset, path: Path) -> None:
         bad("dense layers need moe.dense_intermediate_size > 0")
     if m.n_shared_experts and m.shared_expert_intermediate_size <= 0:
         bad("shared experts need moe.shared_expert_intermediate_size > 0")
-    if m.native_quant not in QUANT_SCHEMES:
-        bad(f"native_quant {m.native_quant!r} is not one of {', '.join(QUANT_SCHEMES)}")
+    if m.native_quant not in m.quant_names():
+        bad(f"native_quant {m.native_quant!r} is not one of {', '.join(m.quant_names())}")
     if m.active_params_convention not in ACTIVE_CONVENTIONS:
         bad(f"active_params_convention must be one of {', '.join(ACTIVE_CONVENTIONS)}")
     a = m.attention

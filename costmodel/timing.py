@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from moesim.costmodel.engines import EngineProfile, load_engine
 from moesim.costmodel.hardware import GIB, HardwarePreset, load_hardware
 from moesim.costmodel.models import ModelPreset, load_model
 from moesim.errors import MoesimError
@@ -79,8 +80,15 @@ class CostParams:
     link_bandwidth: float  # bytes/s (inf on unified memory)
     nvme_bandwidth: float
     ram_expert_capacity: int = 0
-    s_cpu_handoff: float = 0.0  # per (token, MoE layer) step that computed an expert on the CPU (engine profile)
-    s_writeback: float = 0.0  # link time per evicted expert, for engines that write evicted experts back
+    engine: str = "ideal"
+    s_cpu_handoff: float = 0.0  # once per (token, MoE layer) step with an expert computed on the CPU
+    s_writeback: float = 0.0  # link time per eviction for engines that copy evicted experts back
+    s_gpu_layer: float = 0.0  # fixed GPU cost per layer (included in s_dense)
+    s_cpu_layer: float = 0.0  # fixed CPU cost per layer computed on the CPU (included in s_dense)
+    cpu_bandwidth: float = 0.0  # bytes/s of expert weights the CPU computes on (this engine)
+    nvme_read_bandwidth: float = 0.0  # bytes/s of expert reads from NVMe (this engine's request size)
+    placement: str = "experts"  # experts | layers (what VRAM holds under this engine)
+    has_gpu: bool = True
 
     def step_seconds(self, n_gpu: float, n_fetch_ram: float = 0, n_fetch_nvme: float = 0, n_cpu_ram: float = 0,
                      n_cpu_nvme: float = 0, batch: int = 1) -> float:
@@ -110,7 +118,7 @@ class CostParams:
 
 
 def _resolve(model, quant, hw) -> tuple[ModelPreset, str, HardwarePreset]:
-    m = model if isinstance(model, ModelPreset) else load_model(str(model))
+    m = model if isinstance(model, ModelPreset) else load_model_any(str(model))
     h = load_hardware(hw)
     quant = quant or m.native_quant
     m.bytes_per_expert(quant)  # validates the quantization name
@@ -129,7 +137,28 @@ def _attn_flops_per_ctx_token(m: ModelPreset) -> float:
     return 4.0 * a["n_heads"] * a["head_dim"] * n_full
 
 
-def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = "auto", batch: int = 1) -> CostParams:
+def load_model_any(name_or_path: str) -> ModelPreset:
+    """A model preset name, a model TOML file, or a GGUF file (header and tensor index only)."""
+    if str(name_or_path).endswith(".gguf"):
+        from moesim.costmodel.gguf import load_gguf
+
+        return load_gguf(name_or_path)
+    return load_model(name_or_path)
+
+
+def nvme_rate(h: HardwarePreset, e: EngineProfile) -> float:
+    """Bytes/s of NVMe reads in the engine's request size: ``qd`` requests of ``r`` bytes in flight, each taking
+    the drive's latency plus r / sequential bandwidth (never above the sequential rate)."""
+    bw = h.nvme.bandwidth
+    if not e.nvme_read_kib:
+        return bw
+    r = e.nvme_read_kib * 1024.0
+    qd = max(1, e.nvme_queue_depth)
+    return min(bw, qd * r / (h.nvme.latency + r / bw))
+
+
+def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = "auto", batch: int = 1,
+                engine: str | EngineProfile | None = None) -> CostParams:
     """Per-operation seconds for ``model`` (preset, name or TOML path) at ``quant`` (default: the model's native
     format) on ``hw`` (preset, name or TOML path).
 
@@ -140,6 +169,7 @@ def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = 
     own KV cache in VRAM when the dense part is there.
     """
     m, quant, h = _resolve(model, quant, hw)
+    e = load_engine(engine)
     if dense not in DENSE_PLACEMENTS:
         raise MoesimError(f"unknown dense placement {dense!r} (known: {', '.join(DENSE_PLACEMENTS)})")
     if context < 0 or batch < 1:
@@ -150,9 +180,20 @@ def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = 
     state = float(m.kv_read_bytes(context))
     seq_bytes = groups["embed_row"] + state
 
-    vram_bw, cpu_bw, nvme_bw = h.vram.bandwidth, h.cpu_expert_bandwidth, h.nvme.bandwidth
+    vram_bw, nvme_bw = h.vram.bandwidth, h.nvme.bandwidth
+    cpu_bw = h.cpu_rate(e.numa_gain, e.cpu_stream_fraction)
     link_bw = h.link.bandwidth
+    if h.has_gpu and not h.unified and e.copy != "hw":
+        link_bw = h.link.pinned_bandwidth if e.copy == "pinned" else h.link.pageable_bandwidth
+    nvme_read_bw = nvme_rate(h, e)
+    whole_reads = not e.nvme_read_kib  # one request per expert: the drive's latency is paid per read
+    nvme_lat = h.nvme.latency if whole_reads else 0.0
     vram_free = h.vram.usable - state * batch
+    if not h.has_gpu:
+        if dense == "vram":
+            raise MoesimError(f"{h.name} has no GPU: dense weights cannot be placed in VRAM")
+        if dense == "auto":
+            dense = "ram"
     if dense == "auto":
         frac = 1.0 if weights <= vram_free else max(0.0, vram_free / weights)
         placement = "vram" if frac >= 1.0 else ("split" if frac > 0 else "ram")
@@ -163,29 +204,44 @@ def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = 
                               f"({max(vram_free, 0) / GIB:.1f} GiB); use --dense auto or ram")
     on_gpu, off_gpu = weights * frac, weights * (1 - frac)
     if placement == "nvme":
-        s_dense_weights = h.nvme.latency + weights / min(nvme_bw, cpu_bw)
+        s_dense_weights = nvme_lat + weights / min(nvme_read_bw, cpu_bw)
     else:
         s_dense_weights = on_gpu / vram_bw + off_gpu / cpu_bw
+    # fixed per-layer costs: the GPU share of the layers, and the layers (or parts) the CPU computes
+    s_gpu_layer = e.gpu_layer_us * 1e-6 if h.has_gpu else 0.0
+    s_cpu_layer = e.cpu_layer_us * 1e-6
+    s_dense_weights += m.n_layers * (frac * s_gpu_layer + (1 - frac) * s_cpu_layer)
     # The embedding row is a host lookup; the KV / recurrent state lives with the attention weights.
     state_bw = vram_bw if frac >= 1.0 else cpu_bw
     s_seq = groups["embed_row"] / h.ram.bandwidth + state / state_bw
     s_dense = s_dense_weights + s_seq
 
-    vram_left = max(0.0, h.vram.usable - on_gpu - state * batch)
+    vram_left = max(0.0, h.vram.usable - on_gpu - state * batch) if h.has_gpu else 0.0
     total_experts = m.n_moe_layers * m.n_experts
     vram_slots = min(total_experts, int(vram_left // bpe))
     ram_left = h.ram.usable - m.embedding_table_bytes(quant) - (off_gpu if placement in ("split", "ram") else 0.0)
-    if h.unified:  # one pool: the GPU's wired part is already counted in [ram]
+    if h.unified and h.has_gpu:  # one pool: the GPU's wired part is already counted in [ram]
         ram_left -= h.vram.capacity
     ram_slots = min(total_experts - vram_slots, max(0, int(ram_left // bpe)))
 
-    unified = h.unified
+    unified = h.unified or not h.has_gpu
+    n_mats = 3 if m.glu else 2
     s_expert_vram = h.vram.latency + bpe / vram_bw
-    s_nvme_read = h.nvme.latency + bpe / nvme_bw
-    s_fetch_ram = 0.0 if unified else h.link.latency + h.ram.latency + bpe / link_bw
-    s_fetch_nvme = s_nvme_read if unified else h.nvme.latency + h.link.latency + bpe / min(nvme_bw, link_bw)
-    s_expert_cpu = h.cpu_latency + h.ram.latency + bpe / cpu_bw
-    s_expert_cpu_nvme = h.nvme.latency + h.cpu_latency + bpe / min(nvme_bw, cpu_bw)
+    s_nvme_read = nvme_lat + bpe / nvme_read_bw
+    if unified:
+        s_fetch_ram, s_fetch_nvme = 0.0, s_nvme_read
+    else:
+        s_fetch_ram = h.link.latency + h.ram.latency + bpe / link_bw
+        s_fetch_nvme = nvme_lat + h.link.latency + bpe / min(nvme_read_bw, link_bw)
+    s_cpu_fixed = h.cpu_latency + n_mats * h.matrix_latency
+    s_expert_cpu = s_cpu_fixed + h.ram.latency + bpe / cpu_bw
+    s_expert_cpu_nvme = nvme_lat + s_cpu_fixed + bpe / min(nvme_read_bw, cpu_bw)
+    # hand-off of a CPU-resident MoE layer: activations to the host and back (a synchronous copy each way), a
+    # second GPU graph launch for the split, and the CPU sub-graph's thread synchronisation
+    s_handoff = 0.0
+    if e.cpu_handoff and h.has_gpu:
+        s_handoff = 2 * h.link.latency + s_gpu_layer + s_cpu_layer
+    s_writeback = (h.link.latency + bpe / link_bw) if (e.writeback and not unified) else 0.0
 
     flops_per_token = 2.0 * m.active_params("without_embedding_table")
     return CostParams(
@@ -198,13 +254,18 @@ def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = 
         ram_expert_slots=int(ram_slots), unified=unified, flops_per_token=flops_per_token,
         attn_flops_per_ctx_token=_attn_flops_per_ctx_token(m), gpu_flops=h.gpu_flops, link_bandwidth=link_bw,
         nvme_bandwidth=nvme_bw, ram_expert_capacity=min(total_experts, max(0, int(ram_left // bpe))),
+        engine=e.name, s_cpu_handoff=s_handoff, s_writeback=s_writeback, s_gpu_layer=s_gpu_layer,
+        s_cpu_layer=s_cpu_layer, cpu_bandwidth=cpu_bw, nvme_read_bandwidth=nvme_read_bw, placement=e.placement,
+        has_gpu=h.has_gpu,
     )
 
+
+MAX_ZIPF = 20.0  # popularity skew exponents beyond this put all but ~1e-6 of a layer's requests on one expert
 
 # ---- routing statistics the analytic model needs --------------------------------------------------------------
 
 def _zipf_probs(n_experts: int, zipf: float) -> np.ndarray:
-    w = 1.0 / np.arange(1, n_experts + 1, dtype=np.float64) ** zipf
+    w = np.exp(-zipf * np.log(np.arange(1, n_experts + 1, dtype=np.float64)))  # i^-zipf; the tail may underflow to 0
     return w / w.sum()
 
 
@@ -232,7 +293,16 @@ def selection_probs(n_experts: int, top_k: int, zipf: float = 0.0) -> np.ndarray
         excess = float((p[over] - 1.0).sum())
         p[over] = 1.0
         free = ~over & (p < 1.0)
-        p[free] += excess * p[free] / p[free].sum()
+        mass = float(p[free].sum())
+        if mass > 0.0:
+            p[free] += excess * p[free] / mass
+        else:  # a skew so steep the tail underflowed to 0: the limit fills the next experts in rank order
+            for i in np.flatnonzero(free):
+                take = min(1.0 - p[i], excess)
+                p[i] += take
+                excess -= take
+                if excess <= 0.0:
+                    break
     return np.minimum(p, 1.0)
 
 
@@ -255,6 +325,12 @@ def what_fits(p: CostParams, zipf: float = 0.0) -> tuple[float, float]:
     expert bytes that fit in VRAM."""
     per_layer_v = p.vram_expert_slots / p.n_moe_layers
     per_layer_r = p.ram_expert_slots / p.n_moe_layers
+    if p.placement == "layers":  # whole layers' experts in VRAM (llama.cpp --n-cpu-moe): no popularity order
+        layers_v = min(p.n_moe_layers, p.vram_expert_slots // p.n_experts)
+        cv = layers_v / p.n_moe_layers
+        rest = p.n_moe_layers * p.n_experts - layers_v * p.n_experts
+        slots_r = p.ram_expert_slots + (p.vram_expert_slots - layers_v * p.n_experts)
+        return cv, (min(1.0, slots_r / rest) if rest else 0.0)
     cv = coverage(p.n_experts, per_layer_v, zipf)
     cr = coverage(p.n_experts, per_layer_v + per_layer_r, zipf)
     ram_hit = 0.0 if cv >= 1.0 else (cr - cv) / (1.0 - cv)
@@ -262,25 +338,56 @@ def what_fits(p: CostParams, zipf: float = 0.0) -> tuple[float, float]:
 
 
 def estimate(model, quant: str | None, hw, *, vram_hit: float | None = None, ram_hit: float | None = None,
-             batch: int = 1, miss: str = "fetch", dense: str = "auto", context: int = 0, zipf: float = 0.0,
-             union: float | None = None, prefill_tokens: int = 0) -> dict:
+             batch: int = 1, miss: str | None = None, dense: str = "auto", context: int = 0, zipf: float = 0.0,
+             union: float | None = None, prefill_tokens: int = 0, engine: str | EngineProfile | None = None,
+             cpu_moe_layers: int | None = None) -> dict:
     """Seconds per token with no trace: every MoE layer reads ``union`` distinct experts per step (batch 1: top_k;
     batch B: the expected union of B independent selections), a fraction ``vram_hit`` of them resident in VRAM, a
     fraction ``ram_hit`` of the rest in host RAM, the rest on NVMe. ``miss = fetch``: non-resident experts are copied
     to the GPU and run there; ``cpu``: they are computed by the CPU where they lie (llama.cpp's placement of
-    experts in host memory). Hit fractions left out default to what fits (see ``what_fits``)."""
+    experts in host memory). Hit fractions left out default to what fits (see ``what_fits``).
+
+    ``engine`` (a profile name or object, default ideal) fixes the miss mode when the engine has one (llama.cpp and
+    ktransformers compute misses on the CPU, mixtral-offloading fetches them), adds its fixed per-layer costs, the
+    hand-off of each CPU-resident MoE layer, write-back of evicted experts and its NVMe read size.
+    ``cpu_moe_layers`` = N is llama.cpp's ``--n-cpu-moe N``: the experts of N MoE layers stay in host memory and are
+    computed by the CPU, the others are in VRAM (sets vram_hit = 1 - N / layers). On a machine without a GPU every
+    expert is computed by the CPU from host memory."""
+    if not (isinstance(zipf, (int, float)) and 0.0 <= zipf <= MAX_ZIPF):
+        raise MoesimError(f"zipf exponent must be between 0 and {MAX_ZIPF:g} (got {zipf}); at {MAX_ZIPF:g} a layer's "
+                          "top expert already takes all but 1e-6 of its requests")
+    e = load_engine(engine)
+    if miss is None:
+        miss = e.miss if e.miss != "any" else "fetch"
     if miss not in MISS_MODES:
         raise MoesimError(f"unknown miss mode {miss!r} (known: {', '.join(MISS_MODES)})")
-    p = cost_params(model, quant, hw, context=context, dense=dense, batch=batch)
+    if e.miss != "any" and miss != e.miss:
+        raise MoesimError(f"engine {e.name} {'computes misses on the CPU' if e.miss == 'cpu' else 'fetches misses'}"
+                          f" (--miss {e.miss}); use --engine ideal for --miss {miss}")
+    p = cost_params(model, quant, hw, context=context, dense=dense, batch=batch, engine=e)
+    if not p.has_gpu:
+        if vram_hit:
+            raise MoesimError(f"{p.hw} has no GPU: --vram-hit must be 0 or left out")
+        vram_hit, miss = 0.0, "cpu"
+    if cpu_moe_layers is not None:
+        if not 0 <= cpu_moe_layers <= p.n_moe_layers:
+            raise MoesimError(f"--n-cpu-moe must be between 0 and {p.n_moe_layers} (got {cpu_moe_layers})")
+        if vram_hit is not None:
+            raise MoesimError("give --n-cpu-moe or --vram-hit, not both")
+        vram_hit = 1.0 - cpu_moe_layers / p.n_moe_layers
+        miss = "cpu"
     fit_v, fit_r = what_fits(p, zipf)
     defaults = []
     if vram_hit is None:
         vram_hit = fit_v
         defaults.append("vram_hit")
     if ram_hit is None:
-        # host RAM holds the same share of the reads whatever --vram-hit says; re-express it per VRAM miss
-        share = (1.0 - fit_v) * fit_r
-        ram_hit = 0.0 if vram_hit >= 1.0 else min(1.0, share / (1.0 - vram_hit))
+        if "vram_hit" in defaults:
+            ram_hit = fit_r
+        else:
+            # a given VRAM hit fraction: host RAM holds as many of the other experts as it has room for
+            rest = p.n_moe_layers * p.n_experts * (1.0 - vram_hit)
+            ram_hit = 0.0 if rest <= 0 else min(1.0, p.ram_expert_capacity / rest)
         defaults.append("ram_hit")
     for name, v in (("vram_hit", vram_hit), ("ram_hit", ram_hit)):
         if not 0.0 <= v <= 1.0:
@@ -322,19 +429,30 @@ def estimate(model, quant: str | None, hw, *, vram_hit: float | None = None, ram
         by["nvme"] += r_nvme * bpe
         if not p.unified:
             by["link"] += (r_ram + r_nvme) * bpe
+        if p.s_writeback:  # each fetch into a full cache evicts one expert, copied back on the same stream
+            t["writeback"] = (r_ram + r_nvme) * p.s_writeback
+            by["link"] += (r_ram + r_nvme) * bpe
     else:
         t["cpu_ram"] = r_ram * p.s_expert_cpu
         t["cpu_nvme"] = r_nvme * p.s_expert_cpu_nvme
         by["ram"] += r_ram * bpe
         by["nvme"] += r_nvme * bpe
         by["cpu"] += (r_ram + r_nvme) * bpe
+        if p.s_cpu_handoff and vram_hit < 1.0:
+            # MoE layers with an expert on the CPU: whole layers under layer placement, else any of the step's reads
+            share = 1.0 - vram_hit if p.placement == "layers" else 1.0 - vram_hit ** union
+            t["cpu_handoff"] = p.n_moe_layers * share * p.s_cpu_handoff
     s_memory = sum(t.values())
     s_compute = p.decode_compute_floor(batch) if p.dense_vram_fraction >= 1 else 0.0
     s_step = max(s_memory, s_compute)
+    if not (math.isfinite(s_step) and s_step > 0):  # never print a nan or inf as a time
+        raise MoesimError(f"the estimate is not a finite time ({s_step} s per step): check the model, machine and "
+                          "options for extreme values")
 
-    m = model if isinstance(model, ModelPreset) else load_model(str(model))
+    m = model if isinstance(model, ModelPreset) else load_model_any(str(model))
     out = {
-        "model": p.model, "quant": p.quant, "hw": p.hw, "batch": batch, "miss": miss, "context": context,
+        "model": p.model, "quant": p.quant, "hw": p.hw, "engine": p.engine, "batch": batch, "miss": miss,
+        "context": context,
         "dense_placement": p.dense_placement, "dense_vram_fraction": p.dense_vram_fraction,
         "vram_hit": vram_hit, "ram_hit": ram_hit, "defaults": defaults, "zipf": zipf,
         "what_fits": {"vram_expert_slots": p.vram_expert_slots, "ram_expert_slots": p.ram_expert_slots,

@@ -75,7 +75,8 @@ def test_user_file_loads(tmp_path):
     ("reserved_gib = 1.0", "reserved_gib = 9", r"reserved_gib \(9.0\) must be below capacity_gib"),
     ("pcie_gen = 3", "pcie_gen = 7", r"pcie_gen must be one of"),
     ("lanes = 16", "lanes = 12", r"lanes must be one of"),
-    ("expert_gb_s = 33.3", "expert_gb_s = 80", r"exceeds the effective \[ram\] bandwidth"),
+    ("latency_us = 0\n[cpu.sources]", "expert_gb_s = 80\nlatency_us = 0\n[cpu.sources]",
+     r"exceeds the effective \[ram\] bandwidth"),
     ("effective_gb_s = 2.4", "effective_gb_s = 2.4\nefficiency = 0.5", r"either efficiency or effective_gb_s"),
     ('kind = "pcie"', 'kind = "nvlink"', r"kind must be 'pcie' or 'unified'"),
     ("[cpu]\n", "[cpuu]\n", r"unknown key 'cpuu'"),
@@ -97,3 +98,50 @@ def test_unknown_names_and_paths(tmp_path):
         _load(tmp_path, "name = ")
     with pytest.raises(MoesimError, match=r"missing table \[nvme\]"):
         _load(tmp_path, SRC.split("[nvme]")[0] + "[cpu]" + SRC.split("[cpu]")[1])
+    with pytest.raises(MoesimError, match=r"missing table \[link\]"):
+        _load(tmp_path, SRC.split("[link]")[0] + "[nvme]" + SRC.split("[nvme]")[1])
+
+
+SPEC_ONLY = """name = "box"
+[gpu]
+name = "some GPU"
+fp16_tflops = 71
+[vram]
+capacity_gib = 24
+spec_gb_s = 936
+[ram]
+capacity_gib = 64
+spec_gb_s = 51.2
+[link]
+kind = "pcie"
+pcie_gen = 4
+lanes = 16
+[nvme]
+spec_gb_s = 7.0
+[cpu]
+name = "some CPU"
+sockets = 1
+cores = 8
+"""
+
+
+def test_spec_only_file_defaults_with_basis(tmp_path):
+    h = _load(tmp_path, SPEC_ONLY)
+    assert h.vram.bandwidth == pytest.approx(0.75 * 936 * GB) and h.ram.bandwidth == pytest.approx(0.70 * 51.2 * GB)
+    assert h.link.pinned_bandwidth == pytest.approx(31.5 * 0.8 * GB, rel=1e-3)
+    assert h.vram.reserved == 1.5 * GIB and h.ram.reserved == 4 * GIB
+    assert h.cpu_expert_bandwidth == pytest.approx(0.70 * 51.2 * GB)  # 8 cores x 10 GB/s does not limit
+    for key in ("vram.efficiency", "ram.efficiency", "link.pinned_efficiency", "nvme.latency_us", "cpu.expert_gb_s"):
+        assert h.defaults[key][1], key  # every default says where it comes from
+    assert missing_sources(h) != [] or True
+
+
+def test_cpu_only_machine_and_sockets(tmp_path):
+    text = SPEC_ONLY.split("[gpu]")[0] + "[ram]" + SPEC_ONLY.split("[ram]")[1].split("[link]")[0] + "[nvme]" + \
+        SPEC_ONLY.split("[nvme]")[1]
+    h = _load(tmp_path, text.replace("sockets = 1", "sockets = 2").replace("cores = 8", "cores = 40"))
+    assert not h.has_gpu and h.sockets == 2
+    # one socket's memory; an engine that duplicates weights per NUMA node gains part of the second
+    assert h.cpu_rate(numa_gain=0.0) == pytest.approx(0.70 * 51.2 / 2 * GB)
+    assert h.cpu_rate(numa_gain=1.0) == pytest.approx(0.70 * 51.2 * GB)
+    assert load_hardware("dual-xeon-6138").link_label().startswith("none")

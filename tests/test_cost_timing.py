@@ -48,7 +48,8 @@ def test_cost_params_per_operation():
     assert p.s_expert_vram == pytest.approx(bpe / h.vram.bandwidth)
     assert p.s_fetch_ram == pytest.approx(10e-6 + bpe / (15.7538e9 * 0.8), rel=1e-4)
     assert p.s_fetch_nvme == pytest.approx(90e-6 + 10e-6 + bpe / (2.4 * GB))
-    assert p.s_expert_cpu == pytest.approx(bpe / (33.3 * GB))
+    # three expert matrices start their streams (1 us each), then 0.75 x 51.2 GB/s of one socket's DRAM
+    assert p.s_expert_cpu == pytest.approx(3e-6 + bpe / (0.75 * 51.2 * GB))
     assert p.s_copy_link == p.s_fetch_ram and p.s_copy_nvme == p.s_fetch_nvme
     assert p.s_fetch_nvme > p.s_fetch_ram > p.s_expert_cpu > p.s_expert_vram > 0
     assert p.dense_placement == "vram" and p.vram_expert_slots > 0

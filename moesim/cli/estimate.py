@@ -10,9 +10,11 @@ FRACTION = click.FloatRange(0.0, 1.0)
 
 
 @click.command("estimate")
-@click.option("--model", "model", required=True, help="Model preset name or TOML path (see `moesim models list`).")
-@click.option("--quant", default=None, help="Quantization: bf16, fp16, fp8, q8_0, q4_k_m, mxfp4 (default: the "
-                                             "model's native format).")
+@click.option("--model", "model", required=True,
+              help="Model preset name, TOML path or GGUF file (header and tensor index only; "
+                   "see `moesim models list`).")
+@click.option("--quant", default=None, help="Quantization mix: bf16, fp16, fp8, q8_0, q4_k_m, q4_k, iq4_xs, mxfp4, ... "
+                                             "(default: the model's native format; a GGUF: its own tensors).")
 @click.option("--hw", "hw", required=True, help="Hardware preset name or TOML path (see `moesim hw list`).")
 @click.option("--vram-hit", type=FRACTION, default=None,
               help="Fraction of expert reads served from VRAM (default: what fits, see below).")
@@ -20,9 +22,14 @@ FRACTION = click.FloatRange(0.0, 1.0)
               help="Fraction of the VRAM misses found in host RAM; the rest come from NVMe (default: what fits).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
               help="Sequences decoded in lock step; each layer reads the union of their experts.")
-@click.option("--miss", type=click.Choice(["fetch", "cpu"]), default="fetch", show_default=True,
+@click.option("--miss", type=click.Choice(["fetch", "cpu"]), default=None,
               help="Experts not in VRAM: copy them to the GPU (fetch) or compute them on the CPU where they lie "
-                   "(cpu, llama.cpp-style).")
+                   "(cpu, llama.cpp-style). Default: the engine's (fetch under ideal).")
+@click.option("--engine", default="ideal", show_default=True,
+              help="Engine profile: ideal (pure bandwidth), llama.cpp, mixtral-offloading, ktransformers, or a TOML "
+                   "file: its fixed per-layer costs, CPU hand-off, NVMe read size and write-back.")
+@click.option("--n-cpu-moe", "cpu_moe_layers", type=click.IntRange(min=0), default=None,
+              help="llama.cpp --n-cpu-moe N: the experts of N MoE layers stay in host RAM, computed by the CPU.")
 @click.option("--dense", type=click.Choice(["auto", "vram", "ram", "nvme"]), default="auto", show_default=True,
               help="Where the non-expert weights live (auto: VRAM if they fit, else split with the CPU).")
 @click.option("--cold", is_flag=True, help="Nothing cached: every active byte, dense weights included, is read "
@@ -36,7 +43,8 @@ FRACTION = click.FloatRange(0.0, 1.0)
 @click.option("--prefill", "prefill", type=click.IntRange(min=0), default=0,
               help="Also cost a prompt of this many tokens (compute- or memory-bound, whichever is slower).")
 @FORMAT_OPTION
-def estimate(model, quant, hw, vram_hit, ram_hit, batch, miss, dense, cold, context, zipf, union, prefill, fmt):
+def estimate(model, quant, hw, vram_hit, ram_hit, batch, miss, engine, cpu_moe_layers, dense, cold, context, zipf,
+             union, prefill, fmt):
     """Seconds per token from bandwidths alone: a what-if calculator with no trace.
 
     Decode is bandwidth-bound: each step reads the dense weights once, and per MoE
@@ -51,7 +59,8 @@ def estimate(model, quant, hw, vram_hit, ram_hit, batch, miss, dense, cold, cont
     if cold:
         vram_hit, ram_hit, dense = 0.0, 0.0, "nvme"
     d = run(model, quant, hw, vram_hit=vram_hit, ram_hit=ram_hit, batch=batch, miss=miss, dense=dense,
-            context=context, zipf=zipf, union=union, prefill_tokens=prefill)
+            context=context, zipf=zipf, union=union, prefill_tokens=prefill, engine=engine,
+            cpu_moe_layers=cpu_moe_layers)
     if fmt == "json":
         echo_json(d)
         return
@@ -60,22 +69,22 @@ def estimate(model, quant, hw, vram_hit, ram_hit, batch, miss, dense, cold, cont
     default_note = (" (default: what fits" + (f", zipf {zipf:g}" if zipf else ", uniform access") + ")") \
         if d["defaults"] else ""
     rows = [
-        ("model / quant / hw", f"{d['model']} / {d['quant']} / {d['hw']}"),
+        ("model / quant / hw", f"{d['model']} / {d['quant']} / {d['hw']} (engine {d['engine']})"),
         ("tokens/s", f"{d['tok_per_s']:.4g}" + (f" aggregate ({d['tok_per_s_per_seq']:.4g} per sequence)"
                                                  if batch > 1 else "")),
-        ("seconds/token", f"{d['s_per_token']:.4g}" + (f" ({d['bound']}-bound)" if d["bound"] == "compute" else "")),
+        ("ms/token", f"{1e3 * d['s_per_token']:.4g}" + (f" ({d['bound']}-bound)" if d["bound"] == "compute" else "")),
         ("expert reads", f"{d['experts_read_per_layer']:.4g} per layer per step; VRAM {rf['vram']:.1%}, "
                          f"host RAM {rf['ram']:.1%}, NVMe {rf['nvme']:.1%}{default_note}"),
         ("what fits", f"{fits['vram_expert_slots']} experts in VRAM, {fits['ram_expert_slots']} in host RAM, "
                       f"of {fits['total_experts']}"),
         ("dense weights", f"{d['dense_placement']} ({human_bytes(d['dense_bytes_per_token'])} per token)"),
-        ("misses", "copied to the GPU" if miss == "fetch" else "computed on the CPU"),
+        ("misses", "copied to the GPU" if d["miss"] == "fetch" else "computed on the CPU"),
         ("bytes/token", {k: human_bytes(v) for k, v in d["bytes_per_token"].items() if v}),
-        ("time/step (s)", {k: v for k, v in d["time_per_step"].items() if v}),
+        ("time/step (ms)", {k: 1e3 * v for k, v in d["time_per_step"].items() if v}),
     ]
     if "prefill" in d:
         pf = d["prefill"]
-        rows.append(("prefill", f"{pf['tokens']} tokens in {pf['seconds']:.4g} s ({pf['tok_per_s']:.4g} tok/s)"))
+        rows.append(("prefill", f"{pf['tokens']} tokens in {1e3 * pf['seconds']:.4g} ms ({pf['tok_per_s']:.4g} tok/s)"))
     echo_kv(rows)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json, echo_kv, human_bytes
+from moesim.cli.output import FORMAT_OPTION, echo, echo_json, echo_kv, human_bytes
 from moesim.errors import MoesimError
 
 
@@ -53,14 +53,14 @@ def models_list(fmt):
 @FORMAT_OPTION
 def models_show(name, quants, fmt):
     """Show preset NAME (or a TOML file): geometry, parameters by group, bytes per expert and per decoded token."""
-    from moesim.costmodel.models import QUANT_SCHEMES, load_model
+    from moesim.costmodel.models import load_model
 
     m = load_model(name)
     s = m.summary()
     if quants:
         for q in quants:
-            if q not in QUANT_SCHEMES:
-                raise MoesimError(f"unknown quantization {q!r} (known: {', '.join(QUANT_SCHEMES)})")
+            if q not in m.quant_names():
+                raise MoesimError(f"unknown quantization {q!r} (known: {', '.join(m.quant_names())})")
         for key, fn in (("bytes_per_expert", m.bytes_per_expert), ("dense_bytes_per_token", m.dense_bytes_per_token),
                         ("active_bytes_per_token", m.active_bytes_per_token),
                         ("expert_bytes_total", m.expert_bytes_total), ("file_bytes", m.file_bytes)):
@@ -96,7 +96,7 @@ def models_show(name, quants, fmt):
                      f"{human_bytes(s['file_bytes'][q])} ({s['file_bytes'][q] / 1e9:.1f} GB)"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        click.echo("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        echo("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
     click.echo(f"\nKV cache read per token at 4096 context (fp16): {human_bytes(s['kv_bytes_per_token_at_4096'])}")
 
 

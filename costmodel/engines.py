@@ -1,0 +1,109 @@
+"""Engine profiles: what a real inference engine does per decode step, as data (presets/engines/*.toml).
+
+A profile fixes the step semantics and traffic the pure bandwidth model leaves out: where a non-resident expert
+runs (``miss``), whether VRAM holds whole layers or single experts (``placement``), fixed costs per layer on the
+GPU and CPU, the hand-off of a CPU-resident MoE layer, how much of a second socket's memory the engine uses,
+how it reads NVMe (request size and queue depth: mmap faults vs whole-expert reads) and whether it writes
+evicted experts back. ``ideal`` is the pure bandwidth model. Fields that a later issue adds (copy/compute
+overlap, step pinning) go in the same files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+
+from moesim.errors import MoesimError
+from moesim.files import read_toml
+
+DEFAULT_ENGINE = "ideal"
+MISSES = ("any", "cpu", "fetch")
+PLACEMENTS = ("experts", "layers")
+COPIES = ("hw", "pinned", "pageable")
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """One engine's step semantics and traffic. Times in microseconds as in the files."""
+
+    name: str
+    description: str = ""
+    source: str = ""
+    miss: str = "any"              # any | cpu | fetch: what happens to an expert not in VRAM
+    placement: str = "experts"     # experts | layers: what VRAM holds
+    gpu_layer_us: float = 0.0      # fixed GPU cost per layer and step (kernel launches, small kernels)
+    cpu_layer_us: float = 0.0      # fixed CPU cost per layer computed by the CPU (thread synchronisation)
+    cpu_handoff: bool = False      # a CPU-resident MoE layer costs a GPU<->CPU hand-off per step
+    cpu_stream_fraction: float = 1.0  # fraction of the machine's CPU expert rate the engine's kernels reach
+    numa_gain: float = 1.0         # fraction of each further socket's bandwidth the engine gains
+    nvme_read_kib: int = 0         # request size of NVMe reads (0: one request per expert)
+    nvme_queue_depth: int = 0      # requests in flight for those reads (0: not limited)
+    writeback: bool = False        # each eviction copies the evicted expert back to host memory
+    copy: str = "hw"               # hw | pinned | pageable: host-to-GPU copies (hw: the machine file's use_pinned)
+    sources: dict = field(default_factory=dict, compare=False)
+    path: str = ""
+
+    def summary(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_KEYS = {f.name for f in fields(EngineProfile)} - {"path"}
+
+
+def _preset_dir() -> Path:
+    return Path(str(resources.files("moesim.costmodel") / "presets" / "engines"))
+
+
+def engine_names() -> list[str]:
+    return sorted(p.name[:-5] for p in _preset_dir().glob("*.toml"))
+
+
+def load_engine(name_or_path: str | EngineProfile | None) -> EngineProfile:
+    """An engine profile by name (ideal, llama.cpp, mixtral-offloading, ktransformers) or a TOML file path."""
+    if isinstance(name_or_path, EngineProfile):
+        return name_or_path
+    name = name_or_path or DEFAULT_ENGINE
+    path = Path(name)
+    if not (name.endswith(".toml") and path.is_file()):
+        if name.endswith(".toml") and "/" in name:
+            raise MoesimError(f"engine profile file not found: {name}")
+        path = _preset_dir() / f"{name}.toml"
+        if not path.is_file():
+            raise MoesimError(f"unknown engine {name!r} (known: {', '.join(engine_names())})")
+    return _parse(read_toml(path, "engine profile"), path)
+
+
+def _parse(doc: dict, path: Path) -> EngineProfile:
+    def bad(msg):
+        raise MoesimError(f"engine profile {path}: {msg}")
+
+    unknown = sorted(set(doc) - _KEYS)
+    if unknown:
+        bad(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})")
+    if not isinstance(doc.get("name"), str) or not doc["name"]:
+        bad("name must be a non-empty string")
+    for key, allowed in (("miss", MISSES), ("placement", PLACEMENTS), ("copy", COPIES)):
+        if key in doc and doc[key] not in allowed:
+            bad(f"{key} must be one of {', '.join(allowed)} (got {doc[key]!r:.80})")
+    for key in ("gpu_layer_us", "cpu_layer_us", "cpu_stream_fraction", "numa_gain", "nvme_read_kib",
+                "nvme_queue_depth"):
+        v = doc.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e9:  # refuses nan and inf
+            bad(f"{key} must be a number in 0..1e9 (got {v!r:.80})")
+    for key in ("nvme_read_kib", "nvme_queue_depth"):
+        if key in doc and not float(doc[key]).is_integer():
+            bad(f"{key} must be a whole number (got {doc[key]!r})")
+    for key in ("description", "source"):
+        if key in doc and not isinstance(doc[key], str):
+            bad(f"{key} must be a string")
+    for key in ("cpu_stream_fraction", "numa_gain"):
+        if key in doc and not 0 < doc[key] <= 1 and not (key == "numa_gain" and doc[key] == 0):
+            bad(f"{key} must be in (0, 1] (got {doc[key]})")
+    for key in ("cpu_handoff", "writeback"):
+        if key in doc and not isinstance(doc[key], bool):
+            bad(f"{key} must be true or false")
+    src = doc.get("sources", {})
+    if not isinstance(src, dict) or any(k not in _KEYS for k in src):
+        bad("[sources] must be a table naming the profile's keys")
+    return EngineProfile(**{k: v for k, v in doc.items()}, path=str(path))

@@ -1,0 +1,77 @@
+"""Cost model v2 against published decode speeds (presets/validation.toml; table in docs/costmodel.md)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from moesim.costmodel.engines import engine_names, load_engine
+from moesim.costmodel.timing import estimate
+from moesim.costmodel.validation import BEGIN, END, rows, scores, table
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "costmodel.md"
+
+
+def test_engine_profiles_ship():
+    assert {"ideal", "llama.cpp", "mixtral-offloading", "ktransformers"} <= set(engine_names())
+    assert load_engine("llama.cpp").miss == "cpu" and load_engine("mixtral-offloading").writeback
+
+
+def test_engine_profiles_beat_the_pure_bandwidth_model():
+    v2, v1 = scores(rows()), scores(rows("ideal"))
+    assert v2["median_abs_log"] < v1["median_abs_log"] and v2["worst_abs_log"] < v1["worst_abs_log"]
+    # guard what v2 reaches today (docs/costmodel.md): median within 1.25x, worst 2.0x (ik-385, dual socket)
+    assert v2["median_abs_log"] <= math.log(1.26), v2
+    assert v2["worst_abs_log"] <= math.log(2.05), v2
+
+
+@pytest.mark.xfail(strict=True, reason="issue #15 targets not met: median 1.25x (target 1.2x), worst 2.01x on "
+                                       "the dual-socket Windows run (target 1.6x); see docs/costmodel.md")
+def test_issue_targets():
+    s = scores(rows())
+    assert s["median_abs_log"] <= math.log(1.2) and s["worst_abs_log"] <= math.log(1.6)
+
+
+def test_docs_table_is_current():
+    text = DOC.read_text()
+    assert BEGIN in text and END in text
+    assert text.split(BEGIN, 1)[1].split(END, 1)[0].strip() == table().strip(), \
+        "regenerate: python -m moesim.costmodel.validation --write docs/costmodel.md"
+
+
+def test_writeback_doubles_mixtral_offloading_link_time():
+    kw = dict(vram_hit=0.125, ram_hit=1.0)
+    ideal = estimate("mixtral-8x7b", "bf16", "rtx-a6000", miss="fetch", **kw)
+    mo = estimate("mixtral-8x7b", "bf16", "rtx-a6000", engine="mixtral-offloading", **kw)
+    assert mo["time_per_step"]["writeback"] == pytest.approx(mo["time_per_step"]["fetch_ram"])
+    assert mo["tok_per_s"] == pytest.approx(0.63, rel=0.1) and ideal["tok_per_s"] > 1.8 * mo["tok_per_s"]
+
+
+def test_mmap_reads_are_slower_than_whole_expert_reads():
+    cold = dict(vram_hit=0.0, ram_hit=0.0, dense="nvme")
+    llama = estimate("qwen3-235b-a22b", "q4_k", "rtx3070-8g-ddr4-nvme", engine="llama.cpp", **cold)
+    ideal = estimate("qwen3-235b-a22b", "q4_k", "rtx3070-8g-ddr4-nvme", miss="cpu", **cold)
+    p = llama["cost_params"]
+    # two 128 KiB requests in flight, each 90 us + 128 KiB / 2.4 GB/s
+    assert p["nvme_read_bandwidth"] == pytest.approx(2 * 131072 / (90e-6 + 131072 / 2.4e9))
+    assert llama["tok_per_s"] < ideal["tok_per_s"]
+
+
+def test_per_layer_costs_and_handoff():
+    vram = estimate("qwen3-30b-a3b", "q4_k_m", "rtx-pro-6000", engine="llama.cpp", vram_hit=1.0)
+    p = vram["cost_params"]
+    assert p["s_gpu_layer"] == pytest.approx(55e-6) and "cpu_handoff" not in vram["time_per_step"]
+    hyb = estimate("qwen3-30b-a3b", "q4_k_m", "rtx2080-i9-10900x", engine="llama.cpp", cpu_moe_layers=36)
+    h = hyb["cost_params"]
+    assert h["s_cpu_handoff"] == pytest.approx(2 * 10e-6 + 55e-6 + 20e-6)
+    assert hyb["time_per_step"]["cpu_handoff"] == pytest.approx(36 * h["s_cpu_handoff"])
+    with pytest.raises(Exception, match="computes misses on the CPU"):
+        estimate("qwen3-30b-a3b", "q4_k_m", "rtx2080-i9-10900x", engine="llama.cpp", miss="fetch")
+
+
+def test_cpu_only_machine_needs_no_vram_flags():
+    d = estimate("qwen3-30b-a3b", "q8_0", "dual-xeon-6138", engine="llama.cpp")
+    assert d["reads_fraction"]["vram"] == 0 and d["miss"] == "cpu" and d["dense_placement"] == "ram"
+    assert d["bytes_per_token"]["link"] == 0
