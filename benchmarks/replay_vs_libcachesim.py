@@ -54,10 +54,6 @@ def zipf_topk_routing(steps, E, k, zipf, seed):
     return make_routing(sel, w, sel.copy(), np.zeros(steps, np.int32), E)
 
 
-CLASSES = {"lru": "LRU", "lfu": "LFU", "fifo": "FIFO", "belady": "Belady", "arc": "ARC", "s3fifo": "S3FIFO",
-           "sieve": "Sieve", "clock": "Clock"}
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=625_000)
@@ -66,8 +62,8 @@ def main():
     ap.add_argument("--capacity", type=int, default=128)
     ap.add_argument("--zipf", type=float, default=0.8)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--policies", default=",".join(p for p in CLASSES if p in registry.BY_NAME),
-                    help="default: every eviction libCacheSim also has")
+    ap.add_argument("--policies", default=",".join(registry.libcachesim_twins()),
+                    help="default: every eviction whose module names a libCacheSim twin")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: this thread's CPU time (steadier on a shared machine); wall: elapsed time")
     args = ap.parse_args()
@@ -80,6 +76,7 @@ def main():
     n = len(stream)
     tmp = Path(tempfile.mkdtemp()) / "stream.oracle"
     oracle_trace(tmp, stream)
+    twins = registry.libcachesim_twins()
     print(f"stream: {n:,} requests, {args.experts} experts, top-{args.k}, capacity {args.capacity}, "
           f"best of {args.repeat}, {args.clock} time; load average {os.getloadavg()[0]:.1f}")
     print(f"{'policy':8} {'libCacheSim Mreq/s':>19} {'moesim Mreq/s':>14} {'ratio':>6}  misses (equal?)")
@@ -95,7 +92,7 @@ def main():
 
         def run_lcs(policy=policy):
             reader = lcs.TraceReader(str(tmp), lcs.TraceType.ORACLE_GENERAL_TRACE)
-            cache = getattr(lcs, CLASSES[policy])(cache_size=args.capacity)
+            cache = getattr(lcs, twins[policy])(cache_size=args.capacity)
             t0 = clock()
             ratio = cache.process_trace(reader)[0]
             return clock() - t0, int(round(ratio * n))

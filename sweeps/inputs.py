@@ -22,14 +22,17 @@ class TraceEntry:
         self.name = name
         self._routing: Routing | None
         self._store: DecodedStore | None = None
+        self.path: str | os.PathLike | None  # the file read, if any (an output must not replace it)
         if isinstance(source, Routing):
             self._routing, self.meta, self.digest = source, source.meta, source.digest
+            self.path = source.path
             self.streamed = bool(stream)
         else:
             self._routing = None
             self._file = TraceFile(source)
             self.meta, self.digest = self._file.meta, self._file.digest
             self.streamed = bool(stream) if stream is not None else should_stream(self._file)
+            self.path = self._file.path
 
     @property
     def routing(self):

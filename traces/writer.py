@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moesim.errors import MoesimError
+from moesim.files import Output, write_error
 from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.schema import arrow_schema
 
@@ -32,13 +34,15 @@ class TraceWriter:
 
     Rows are buffered and written one row group at a time, so a tracer's memory
     stays bounded by one chunk. The file appears under its final name only when
-    complete (written to ``NAME.partial`` first, then renamed); an exception
-    inside the ``with`` block leaves no file behind.
+    complete (written to a temporary ``.NAME.PID-N.partial`` unique to the writer,
+    then fsynced and renamed); an exception inside the ``with`` block, or a full
+    disk, leaves no file behind. ``inputs``: files the command reads, which the
+    destination must not be.
     """
 
     def __init__(self, path: str | os.PathLike, meta: TraceMeta, *, domains: list[str] | None = None,
                  token: bool = False, selected: bool = False, weights: bool = False,
-                 row_group_size: int = DEFAULT_ROW_GROUP, phase: bool = True):
+                 row_group_size: int = DEFAULT_ROW_GROUP, phase: bool = True, inputs=()):
         self.path = Path(path)
         self.meta = meta
         self.domains = list(domains) if domains else None
@@ -58,16 +62,22 @@ class TraceWriter:
         self._buf: list[pa.RecordBatch] = []
         self._buffered = 0
         self.rows_written = 0
-        self._tmp = self.path.with_name(self.path.name + ".partial")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._pq = pq.ParquetWriter(
-            self._tmp, self.schema, compression="zstd", compression_level=9,
-            use_dictionary=["phase", "domain"], write_statistics=["seq", "pos", "layer"],
-            # CRC32 per page: damaged bytes in incompressible float data would otherwise decode silently
-            write_page_checksum=True,
-            use_byte_stream_split=[c for c in ("logits", "top_logits", "lse", "weights")
-                                   if c in self.schema.names],
-        )
+        # refuses an input of the command or a special file as the destination, before any work
+        self._out = Output(self.path, inputs)
+        self._tmp = self._out.tmp
+        self._pq: pq.ParquetWriter | None = None
+        try:
+            self._pq = pq.ParquetWriter(
+                self._tmp, self.schema, compression="zstd", compression_level=9,
+                use_dictionary=["phase", "domain"], write_statistics=["seq", "pos", "layer"],
+                # CRC32 per page: damaged bytes in incompressible float data would otherwise decode silently
+                write_page_checksum=True,
+                use_byte_stream_split=[c for c in ("logits", "top_logits", "lse", "weights")
+                                       if c in self.schema.names],
+            )
+        except OSError as exc:
+            self._out.discard()
+            raise write_error(self.path, exc) from None
 
     def write(self, *, seq, pos, layer, phase="decode", logits=None, top_ids=None, top_logits=None, lse=None,
               counts=None, domain=None, token=None, selected=None, weights=None) -> None:
@@ -191,8 +201,14 @@ class TraceWriter:
     def _flush(self) -> None:
         if not self._buf:
             return
+        if self._pq is None:
+            raise MoesimError(f"{self.path}: the writer is closed")
         table = pa.Table.from_batches(self._buf, schema=self.schema)
-        self._pq.write_table(table, row_group_size=self.row_group_size)
+        try:
+            self._pq.write_table(table, row_group_size=self.row_group_size)
+        except OSError as exc:  # a full disk: no half-written file stays behind
+            self.abort()
+            raise write_error(self.path, exc) from None
         self.rows_written += table.num_rows
         self._buf, self._buffered = [], 0
 
@@ -201,16 +217,25 @@ class TraceWriter:
         if self.rows_written == 0:
             self.abort()
             raise MoesimError(f"{self.path}: no rows were written; an empty trace is not published")
-        self._pq.close()
-        os.replace(self._tmp, self.path)
-        return self.path
+        if self._pq is None:
+            raise MoesimError(f"{self.path}: the writer is closed")
+        try:
+            self._pq.close()  # writes the footer: may hit a full disk too
+        except OSError as exc:
+            self.abort()
+            raise write_error(self.path, exc) from None
+        self._pq = None
+        return self._out.commit()
 
     def abort(self) -> None:
         self._buf = []
         try:
-            self._pq.close()
+            if self._pq is not None:
+                with contextlib.suppress(OSError):
+                    self._pq.close()
         finally:
-            self._tmp.unlink(missing_ok=True)
+            self._pq = None
+            self._out.discard()
 
     def __enter__(self) -> TraceWriter:
         return self
