@@ -24,6 +24,7 @@ from typing import Any
 
 from moesim.costmodel.pricing import price_trace
 from moesim.errors import MoesimError
+from moesim.simulator.bootstrap import CI
 from moesim.simulator.config import SimConfig
 from moesim.sweeps.executors import EXECUTORS, Task, execute
 from moesim.sweeps.grid import PRESET_ENGINES, PRESETS, Grid, expand, never_cached, replay_twin
@@ -84,7 +85,7 @@ def check_config(config: SimConfig, routing) -> None:
 
 
 def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw, model, quant,
-              quant_choice: str = "") -> tuple[dict, list]:
+              quant_choice: str = "", ci: CI | None = None) -> tuple[dict, list]:
     cfg = task.config
     ck = task.row_key.rsplit(":", 1)[1]
     t = payload["totals"]
@@ -117,6 +118,12 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
             vram_gib_free=tm["vram_bytes_free_for_experts"] / 2**30, fits_in_vram=tm["fits_in_vram"],
             timed_steps=tm["timed_steps"],
         )
+    units = payload.get("units")
+    if ci is not None and units is not None:
+        # the intervals themselves are derived when rows are ranked (sweeps/intervals.py)
+        row.update(ci_level=ci.level, ci_resamples=ci.resamples, ci_rule=units["rule"], ci_unit=units["kind"],
+                   ci_units=units["n"], ci_block_steps=units["block_steps"],
+                   ci_unit_sums=[float(x) for x in units["sums"].reshape(-1)])
     keys = {"row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(), "cost_key": ck,
             "label": cfg.label()}
     layers = [{**keys, **lr} for lr in payload["layers"]]
@@ -203,9 +210,11 @@ def plan(entries: list[TraceEntry], grid: Grid):
 
 def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jobs: int | None = None,
               executor: str = "local", progress=None, flush_seconds: float = 2.0,
-              rank_by: str = "class") -> SweepOutcome:
+              rank_by: str = "class", ci: CI | None = None) -> SweepOutcome:
     """Run (or finish) a sweep; return this sweep's rows ranked within their groups (speed-up over
-    ``grid.baseline``; ``rank_by`` as in sweeps/ranking.py).
+    ``grid.baseline``; ``rank_by`` as in sweeps/ranking.py). With ``ci``, every row gets confidence
+    intervals (docs/uncertainty.md): rows of ``output`` kept without unit sums for ``ci.unit`` are
+    replayed again; rows with them are only given ``ci``'s level and resamples.
 
     ``progress(done, total)`` is called as configs finish. On KeyboardInterrupt the finished rows are
     flushed to ``output`` before the interrupt propagates."""
@@ -219,7 +228,10 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
     tasks, costs, cost_info, notes = plan(entries, grid)
     store = ResultStore(output, inputs=[e.path for e in entries if e.path is not None], baseline=grid.baseline,
                         rank_by=rank_by)
-    todo = [t for t in tasks if t.row_key not in store]
+    todo = [t for t in tasks
+            if t.row_key not in store or (ci is not None and not store.has_units(t.row_key, ci.unit))]
+    if ci is not None:
+        store.relevel({t.row_key for t in tasks}, ci.level, ci.resamples)
     reused = len(tasks) - len(todo)
     waiting: dict[str, list[Task]] = {}
     for t in todo:
@@ -229,7 +241,7 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
     for t in work:
         check_config(t.config, entries[t.trace].routing)
     routings = [e.routing if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
-    results = execute(work, routings, costs, jobs=jobs, executor=executor)
+    results = execute(work, routings, costs, jobs=jobs, executor=executor, unit_rule=ci.unit if ci else None)
     done = 0
     last_flush = time.monotonic()
     interrupted = False
@@ -241,7 +253,7 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
             with shield:
                 for task in waiting.pop(rkey):
                     row, layer_rows = make_rows(task, payload, entries[task.trace], costs[task.cost],
-                                                *cost_info[task.cost])
+                                                *cost_info[task.cost], ci=ci)
                     store.add(row, layer_rows)
                     done += 1
                 if time.monotonic() - last_flush >= flush_seconds:

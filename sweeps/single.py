@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from moesim.simulator import SimConfig, SimResult, simulate
+from moesim.simulator.bootstrap import CI
+from moesim.simulator.units import replay_units
 from moesim.sweeps.executors import payload
 from moesim.sweeps.grid import DEFAULT_BASELINE, Grid, canonical
 from moesim.sweeps.inputs import load_traces
@@ -25,9 +27,11 @@ class One:
 
 
 def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str | None = None,
-                 quant: str | None = None, engine: str | None = None, baseline: str = DEFAULT_BASELINE) -> One:
+                 quant: str | None = None, engine: str | None = None, baseline: str = DEFAULT_BASELINE,
+                 ci: CI | None = None) -> One:
     """Replay ``config`` on ``trace`` (a path or a Routing), priced by (hw, model, quant) when the trace
-    can be priced, together with the speed-up baseline (``baseline``, as in a sweep) its row is compared with."""
+    can be priced, together with the speed-up baseline (``baseline``, as in a sweep) its row is compared with.
+    With ``ci`` the row has confidence intervals (docs/uncertainty.md), the speed-up's paired with the baseline's."""
     import polars as pl
 
     entry = load_traces([trace])[0]
@@ -46,7 +50,9 @@ def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str 
         res = simulate(routing, task.config, cost=costs[task.cost])
         if task.config == config:
             mine = (task.row_key, res)
-        row, lay = make_rows(task, payload(res), entry, costs[task.cost], *cost_info[task.cost])
+        units = replay_units(routing, task.config, ci.unit) if ci is not None else None
+        row, lay = make_rows(task, payload(res, units, ci.unit if ci else None), entry, costs[task.cost],
+                             *cost_info[task.cost], ci=ci)
         rows.append(row)
         layers.extend(lay)
     assert mine is not None  # the grid holds the config itself

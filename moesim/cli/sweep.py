@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import Progress
+from moesim.cli.output import Progress, ci_options, make_ci
 from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
 from moesim.policies import miss as miss_policies
 from moesim.policies import registry
 
 TABLE_FORMATS = ["table", "json", "csv", "markdown", "latex"]
+# Not in CSV (a list per row): the per-unit sums the intervals come from (Parquet and JSON keep them).
+STORAGE_COLUMNS = ("ci_unit_sums",)
 WIDTH = 120
 FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default="table", show_default=True,
                       help="table: ranked terminal table; json/csv: the result rows; markdown/latex: paper tables.")
@@ -17,16 +19,20 @@ FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), defau
 
 def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: float | None = None,
                   wide: bool = False):
-    from moesim.reports.tables import frame_csv, frame_json, render, sweep_tables
+    from moesim.reports.tables import frame_csv, frame_json, render, sweep_tables, vs_best
     from moesim.sweeps.ranking import select_rows
 
+    best = vs_best(df)
     shown, dropped = select_rows(df, top if fmt in ("json", "csv") else None, max_mass)
+    if fmt == "csv":  # CSV holds no lists
+        shown = shown.drop([c for c in STORAGE_COLUMNS if c in shown.columns])
     if fmt == "json":
         click.echo(frame_json(shown, **header))
     elif fmt == "csv":
         click.echo(frame_csv(shown), nl=False)
     else:
-        click.echo(render(sweep_tables(shown, top, wide=wide, dropped=dropped), fmt, width=WIDTH if not wide else 0))
+        tables = sweep_tables(shown, top, wide=wide, dropped=dropped, best=best)
+        click.echo(render(tables, fmt, width=WIDTH if not wide else 0))
 
 
 @click.command("sweep")
@@ -85,9 +91,10 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
+@ci_options
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
             reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, baseline,
-            rank_by, max_mass, wide, flush_every, report_dir):
+            rank_by, max_mass, wide, flush_every, report_dir, ci, ci_resamples, ci_unit):
     """Replay TRACE(s) through a grid of cache policies and print them ranked:
     policies that always run the router's first choice first, then by time per
     token (by hit rate when the trace cannot be priced), with the speed-up over
@@ -112,6 +119,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     def given(values):  # a repeatable flag that was not given keeps the file's (or the default) axis
         return list(values) or None
 
+    intervals = make_ci(ci, ci_resamples, ci_unit)
     grid = grid_from_options(config, budgets=given(budget), slots=given(slots), evictions=given(eviction),
                              misses=given(miss), thetas=given(theta), admits=given(admit),
                              allocations=given(allocation), batches=given(batch), warm=warm,
@@ -119,7 +127,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              model=model, quants=given(quant), engine=engine, baseline=baseline)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
-                        flush_seconds=flush_every, rank_by=rank_by)
+                        flush_seconds=flush_every, rank_by=rank_by, ci=intervals)
     df = out.rows
     synthetic = bool(df["synthetic"].any()) if df.height else False
 
@@ -130,6 +138,10 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
               "baseline": distinct("baseline"), "priced_as": out.notes, "quant_choice": distinct("quant_choice"),
               "fits_in_vram": bool(df["fits_in_vram"].fill_null(True).all()) if df.height else True,
               "max_mass": max_mass}
+    if intervals is not None:
+        from moesim.reports.tables import ci_header
+
+        header["ci"] = ci_header(df)
     print_results(df, fmt, top, header, max_mass=max_mass, wide=wide)
     if out.output:
         click.echo(f"{len(df)} configs: {out.computed} computed, {out.reused} already in {out.output}; results in "
@@ -140,5 +152,5 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     if report_dir:
         from moesim.reports.report import build_report
 
-        build_report(report_dir, results=out.output or out, trace=traces[0], baseline=grid.baseline)
+        build_report(report_dir, results=out.output or out, trace=traces[0], baseline=grid.baseline, ci=intervals)
         click.echo(f"report: {report_dir}/index.html", err=True)
