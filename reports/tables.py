@@ -405,11 +405,30 @@ def mrc_tables(df, slots: list[int] | None = None) -> list[Table]:
                 continue
             any_row = next(hit[(e, s)] for e in evictions if (e, s) in hit)
             row = [str(s), f"{any_row['budget']:.4g}"]
-            row += [f"{100 * hit[(e, s)]['hit_rate']:.2f}" if (e, s) in hit else "-" for e in evictions]
+            row += [_hit_cell(hit[(e, s)]) if (e, s) in hit else "-" for e in evictions]
             rows.append(row)
         title = (f"{first['trace']} ({first['model_id']}, {data}): hit rate by cache size, {allocation} "
                  f"allocation, fetch-all, cold start")
         methods = sorted(set(part["method"].to_list()))
         note = "lru: one stack-distance pass (exact); others: one replay per size." if len(methods) > 1 else ""
-        tables.append(Table(title, cols, rows, note))
+        lines = [mrc_ci_line(first)] if first.get("ci_level") is not None else []
+        tables.append(Table(title, cols, rows, note, [x for x in lines if x]))
     return tables
+
+
+_PCT2 = _f(".2f", 100)
+
+
+def _hit_cell(r: dict) -> str:
+    return with_interval(_PCT2(r["hit_rate"]), _PCT2, r.get("hit_rate_low"), r.get("hit_rate_high"))
+
+
+def mrc_ci_line(r: dict) -> str:
+    from moesim.simulator.units import describe
+
+    units = describe(r["ci_unit"], r["ci_units"], r["ci_block_steps"])
+    if r["ci_units"] < 2:
+        return f"no interval: the trace has {units} to resample (--ci-unit block resamples blocks of tokens)"
+    few = " (few units: a coarse interval)" if r["ci_units"] < FEW_UNITS else ""
+    return (f"± = half the {r['ci_level']:g}% interval: percentile bootstrap over {units}{few}, {r['ci_resamples']} "
+            "resamples of one pass or replay per size (cache state taken as given; docs/uncertainty.md)")

@@ -121,5 +121,21 @@ def percentile_interval(values: np.ndarray, level: float) -> tuple[float, float]
     return float(v[j - 1]), float(v[len(v) - j])
 
 
-__all__ = ["CI", "SEED", "DEFAULT_RESAMPLES", "UNIT_RULES", "ASSUMPTION", "tail_rank", "weights",
-           "resampled_sums", "ratio", "percentile_interval"]
+def percentile_intervals(values: np.ndarray, level: float) -> np.ndarray:
+    """[n, 2]: ``percentile_interval`` of every column of values [B, n] (NaN rows where there is none)."""
+    v = np.asarray(values, np.float64)
+    out = np.full((v.shape[1], 2), np.nan)
+    finite = np.isfinite(v).all(axis=0)
+    j = _rank(level, v.shape[0])
+    if j is not None and finite.any():
+        srt = np.sort(v[:, finite], axis=0)
+        out[finite, 0], out[finite, 1] = srt[j - 1], srt[v.shape[0] - j]
+    for i in np.flatnonzero(~finite):
+        iv = percentile_interval(v[:, i], level)
+        if iv is not None:
+            out[i] = iv
+    return out
+
+
+__all__ = ["CI", "SEED", "DEFAULT_RESAMPLES", "UNIT_RULES", "ASSUMPTION", "tail_rank", "weights", "resampled_sums",
+           "ratio", "percentile_interval", "percentile_intervals"]
