@@ -174,6 +174,11 @@ def to_latex(t: Table, label: str | None = None) -> str:
     caption = ". ".join(latex_escape(x.rstrip(".")) for x in [t.title, *t.lines, t.note] if x) + "."
 
     def cell(v: str, c: Column) -> str:
+        if PM in v and not c.wrap:
+            # value over its ±half-width, smaller: a column of intervals stays as narrow as its numbers
+            value, _, half = v.partition(PM)
+            return (rf"\begin{{tabular}}[t]{{@{{}}{c.align}@{{}}}}{latex_escape(value)}\\"
+                    rf"{{\scriptsize$\pm${latex_escape(half)}}}\end{{tabular}}")
         return (r"\raggedright " if c.wrap and v else "") + latex_escape(v)
 
     out = [r"% moesim table: needs \usepackage{graphicx} (\resizebox: only if wider than the text)",

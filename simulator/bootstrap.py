@@ -73,8 +73,11 @@ def _tail(level: float) -> Fraction:
 
 
 def _rank(level: float, n: int) -> int | None:
-    j = math.ceil(n * _tail(level))
-    return j if 1 <= j and 2 * j <= n else None
+    """None when the tail holds less than one resample (the interval would be [min, max], whose level is
+    lower than asked) or the two order statistics would cross."""
+    x = n * _tail(level)
+    j = math.ceil(x)
+    return j if x >= 1 and 2 * j <= n else None
 
 
 @functools.lru_cache(maxsize=4)

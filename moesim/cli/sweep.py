@@ -138,10 +138,11 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
               "baseline": distinct("baseline"), "priced_as": out.notes, "quant_choice": distinct("quant_choice"),
               "fits_in_vram": bool(df["fits_in_vram"].fill_null(True).all()) if df.height else True,
               "max_mass": max_mass}
-    if intervals is not None:
-        from moesim.reports.tables import ci_header
+    from moesim.reports.tables import ci_header
 
-        header["ci"] = ci_header(df)
+    account = ci_header(df)  # rows of -o replayed with --ci keep their intervals in a later run without it
+    if account is not None:
+        header["ci"] = account
     print_results(df, fmt, top, header, max_mass=max_mass, wide=wide)
     if out.output:
         click.echo(f"{len(df)} configs: {out.computed} computed, {out.reused} already in {out.output}; results in "
