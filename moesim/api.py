@@ -18,8 +18,9 @@ import os
 from moesim.errors import MoesimError
 
 
-def _ci(ci, resamples: int | None, unit: str):
-    """A CI from the functions' ``ci=`` (a level in percent, or a CI) and ``ci_resamples``/``ci_unit``."""
+def _ci(ci, resamples: int | None, unit: str, method: str = "rotated"):
+    """A CI from the functions' ``ci=`` (a level in percent, or a CI) and ``ci_resamples``/``ci_unit``/
+    ``ci_method``."""
     if ci is None:
         return None
     from moesim.simulator.bootstrap import CI, DEFAULT_RESAMPLES
@@ -28,7 +29,8 @@ def _ci(ci, resamples: int | None, unit: str):
         return ci
     if isinstance(ci, bool) or not isinstance(ci, (int, float)):
         raise MoesimError(f"ci must be a confidence level in percent (e.g. 95), got {ci!r}")
-    return CI(level=float(ci), resamples=DEFAULT_RESAMPLES if resamples is None else resamples, unit=unit)
+    return CI(level=float(ci), resamples=DEFAULT_RESAMPLES if resamples is None else resamples, unit=unit,
+              method=method)
 
 
 def load_trace(path: str | os.PathLike, *, candidates: int | None = None):
@@ -45,7 +47,7 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
           output: str | os.PathLike | None = None, jobs: int | None = None, executor: str = "local",
           top: int | None = None, layers: bool = False, presets: bool = True, baseline: str | None = None,
           rank_by: str = "class", max_mass: float | None = None, ci=None, ci_resamples: int | None = None,
-          ci_unit: str = "auto"):
+          ci_unit: str = "auto", ci_method: str = "rotated"):
     """Rank a grid of policies on one trace (path or Routing) or a list of them, like ``moesim sweep``.
 
     Axes take a value or a list (budgets also a range "0.05:0.5:0.05" or {"start", "stop", "step"});
@@ -59,8 +61,8 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
     or "EVICTION/MISS[/admit β]") by the row's. ``max_mass`` keeps the configs within that substituted
     mass per step; ``top`` the best N of each group; ``layers=True`` returns (rows, per-layer rows).
     ``ci=95`` adds 95% confidence intervals: ``<statistic>_low``/``_high`` columns, ``overlaps_best`` and the
-    ci_* settings (docs/uncertainty.md); ``ci_resamples`` (default 1000) and ``ci_unit`` (auto, sequence,
-    block) as --ci-resamples and --ci-unit."""
+    ci_* settings (docs/uncertainty.md); ``ci_resamples`` (default 1000), ``ci_unit`` (auto, sequence,
+    block) and ``ci_method`` (rotated, single) as --ci-resamples, --ci-unit and --ci-method."""
     import polars as pl
 
     from moesim.sweeps.grid import grid_from_options
@@ -71,7 +73,7 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=hw,
                              model=model, quants=quant, presets=presets, baseline=baseline)
     out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor, rank_by=rank_by,
-                    ci=_ci(ci, ci_resamples, ci_unit))
+                    ci=_ci(ci, ci_resamples, ci_unit, ci_method))
     from moesim.sweeps.ranking import select_rows
 
     rows, _ = select_rows(out.rows, top, max_mass)
@@ -84,7 +86,8 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
              budget: float | None = None, slots: int | None = None, allocation: str = "per-layer",
              warm: bool = False, warmup_tokens: int = 0, reset_per_sequence: bool = False, batch: int = 1,
              hw: str | None = None, model: str | None = None, quant: str | None = None, layers: bool = False,
-             baseline: str = "fetch-all", ci=None, ci_resamples: int | None = None, ci_unit: str = "auto"):
+             baseline: str = "fetch-all", ci=None, ci_resamples: int | None = None, ci_unit: str = "auto",
+             ci_method: str = "rotated"):
     """Replay one policy, like ``moesim simulate``: a one-row DataFrame with the sweep's columns
     (the speed-up over ``baseline`` included when the trace is priced). ``layers=True`` returns (row,
     per-layer rows). ``ci=95`` fills the interval columns, as in ``sweep``.
@@ -97,13 +100,13 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
     config = SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, baseline=baseline,
-                       ci=_ci(ci, ci_resamples, ci_unit))
+                       ci=_ci(ci, ci_resamples, ci_unit, ci_method))
     return (one.row, one.layers) if layers else one.row
 
 
 def mrc(trace, *, evictions=None, allocations=None, slots=None, budgets=None, warmup_tokens: int = 0,
         reset_per_sequence: bool = False, jobs: int | None = None, executor: str = "local", layers: bool = False,
-        ci=None, ci_resamples: int | None = None, ci_unit: str = "auto"):
+        ci=None, ci_resamples: int | None = None, ci_unit: str = "auto", ci_method: str = "rotated"):
     """Hit rate at every cache size, like ``moesim mrc``: one row per (eviction, allocation, slots per
     layer). LRU covers every size 1..E exactly (one stack-distance pass); other evictions are
     replayed at ``slots`` / ``budgets`` (default budgets 1/64 .. 1/2). ``layers=True`` returns
@@ -118,5 +121,5 @@ def mrc(trace, *, evictions=None, allocations=None, slots=None, budgets=None, wa
                       slots=axis("slots", values(slots)) if slots is not None else None,
                       budgets=axis("budgets", values(budgets)) if budgets is not None else None,
                       warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, jobs=jobs,
-                      executor=executor, ci=_ci(ci, ci_resamples, ci_unit))
+                      executor=executor, ci=_ci(ci, ci_resamples, ci_unit, ci_method))
     return (curve, lay) if layers else curve

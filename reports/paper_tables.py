@@ -117,9 +117,11 @@ def _bounds(name: str) -> tuple[str, str]:
     return f"{name} low", f"{name} high"
 
 
-def ci_sentence(level: float, units: str, resamples: int) -> str:
+def ci_sentence(level: float, units: str, resamples: int, method: str | None = None) -> str:
+    from moesim.simulator.bootstrap import method_note
+
     return (f"Value±half of its {level:g}% confidence interval (the CSV has both bounds): a percentile bootstrap over "
-            f"{units}, {resamples} resamples of one replay each, whose cache state every unit keeps.")
+            f"{units}, {resamples} resamples; {method_note(method)}.")
 
 
 def routing_profile_table(prof: dict, hit_rates: dict[float, dict[str, float]],
@@ -166,7 +168,7 @@ def routing_profile_table(prof: dict, hit_rates: dict[float, dict[str, float]],
                "knowledge).")
     if intervals and prof.get("ci"):
         c = prof["ci"]
-        caption += " " + ci_sentence(c["level"], c["described"], c["resamples"]) + \
+        caption += " " + ci_sentence(c["level"], c["described"], c["resamples"], c.get("cache_method")) + \
             " Reuse chance and WS95 have no interval (docs/uncertainty.md)."
     formats.update({b: formats.get(c, ".4g") for c, pair in intervals.items() for b in pair})
     return PaperTable("routing_profile", "Routing profile and baseline hit rates", caption, frame, formats, intervals)
@@ -249,7 +251,7 @@ def policy_table(configs, *, model: str, synthetic: bool, priced_as: str | None)
 
         r = rows.filter(pl.col("ci_units").is_not_null()).row(0, named=True)
         units = describe(r["ci_unit"], r["ci_units"], r["ci_block_steps"], "batch step" if r["batch"] > 1 else "token")
-        caption += " " + ci_sentence(r["ci_level"], units, r["ci_resamples"]) + \
+        caption += " " + ci_sentence(r["ci_level"], units, r["ci_resamples"], r.get("ci_method")) + \
             " Speed-up intervals are paired: the baseline is resampled with the same units."
     return PaperTable("policies", "Policies: substitution, mass and time per token", caption, frame, formats,
                       intervals)

@@ -134,8 +134,8 @@ def profile(routing: Routing, trace: str | None = None, ci=None) -> dict:
 
 
 PROFILE_METHOD = ("percentile bootstrap over units of the trace: the reuse and gate statistics are sums over its "
-                  "tokens (no replay); the cache hit rates come from one replay each, whose cache state every unit "
-                  "keeps (units are re-weighted, not re-replayed in a new order)")
+                  "tokens (no replay); the cache hit rates come from replays, units re-weighted, not re-replayed in a "
+                  "new order (cache_method: how each unit's cache state was counted)")
 # The profile's statistics without an interval, and why (docs/uncertainty.md).
 NO_INTERVAL = {
     "reuse_chance_marginal": "a sum of squared expert frequencies, not a ratio of sums over units; a resample that "
@@ -172,6 +172,7 @@ def profile_intervals(r: Routing, ci, pairs: np.ndarray | None = None) -> dict:
     ], axis=1)
     out: dict = {"level": ci.level, "resamples": ci.resamples, "seed": SEED, "unit": units.kind, "units": units.n,
                  "block_steps": units.block_steps, "described": units.describe(), "method": PROFILE_METHOD,
+                 "cache_method": ci.method,
                  "intervals": {}, "without_interval": dict(NO_INTERVAL)}
     if units.n < 2:
         out["no_interval"] = f"the trace has {units.describe()}: nothing to resample (--ci-unit block)"
@@ -227,7 +228,8 @@ def cache_hit_rates(routing: Routing, budget: float | None = None, slots: int | 
     overall and per layer (cold start, one cache per layer, every sequence back to back). With ``ci``,
     ``hit_rate_interval`` holds each eviction's [low, high] from its replay's hits per unit."""
     from moesim.simulator import SimConfig, simulate
-    from moesim.simulator.units import replay_intervals, replay_units, unit_sums
+    from moesim.simulator.rotation import warm_unit_sums
+    from moesim.simulator.units import replay_intervals, replay_units
 
     rows: dict[int, dict[str, float]] = {}
     overall: dict[str, float] = {}
@@ -241,7 +243,9 @@ def cache_hit_rates(routing: Routing, budget: float | None = None, slots: int | 
         for row in res.layer_rows():
             rows.setdefault(row["layer"], {"layer": row["layer"]})[ev] = row["hit_rate"]
         if ci is not None:
-            iv = replay_intervals(unit_sums(res, replay_units(routing, config, ci.unit)), ci, timed=False)["hit_rate"]
+            sums, offset, _ = warm_unit_sums(routing, config, replay_units(routing, config, ci.unit), res,
+                                             method=ci.method)
+            iv = replay_intervals(sums, ci, timed=False, offset=offset)["hit_rate"]
             intervals[ev] = list(iv) if iv is not None else None
     out = {"budget": budget, "slots_per_layer": n_slots, "miss": "fetch-all", "hit_rate": overall,
            "layers": list(rows.values())}

@@ -300,6 +300,7 @@ def pricing_lines(members: list[dict]) -> list[str]:
 
 def ci_line(members: list[dict]) -> str | None:
     """What the ± and the vs-best column of a group's table mean, or None without intervals."""
+    from moesim.simulator.bootstrap import method_note
     from moesim.simulator.units import describe
 
     with_ci = [m for m in members if m.get("ci_level") is not None and m.get("ci_units")]
@@ -311,7 +312,7 @@ def ci_line(members: list[dict]) -> str | None:
     few = " (few units: a coarse interval)" if r["ci_units"] < FEW_UNITS else ""
     missing = f"; {len(members) - len(with_ci)} rows without intervals" if len(with_ci) < len(members) else ""
     return (f"± = half the {r['ci_level']:g}% interval: percentile bootstrap over {units}{few}, "
-            f"{r['ci_resamples']} resamples of one replay (cache state taken as given; docs/uncertainty.md); "
+            f"{r['ci_resamples']} resamples; {method_note(r.get('ci_method'))} (docs/uncertainty.md); "
             f"vs best: {APPROX} = its {what} interval overlaps the best of its class (not resolved by this "
             f"trace){missing}")
 
@@ -429,6 +430,7 @@ def _hit_cell(r: dict) -> str:
 
 
 def mrc_ci_line(r: dict) -> str:
+    from moesim.simulator.bootstrap import method_note
     from moesim.simulator.units import describe
 
     units = describe(r["ci_unit"], r["ci_units"], r["ci_block_steps"])
@@ -436,4 +438,4 @@ def mrc_ci_line(r: dict) -> str:
         return f"no interval: the trace has {units} to resample (--ci-unit block resamples blocks of tokens)"
     few = " (few units: a coarse interval)" if r["ci_units"] < FEW_UNITS else ""
     return (f"± = half the {r['ci_level']:g}% interval: percentile bootstrap over {units}{few}, {r['ci_resamples']} "
-            "resamples of one pass or replay per size (cache state taken as given; docs/uncertainty.md)")
+            f"resamples; {method_note(r.get('ci_method'))} (docs/uncertainty.md)")

@@ -31,19 +31,23 @@ from moesim.errors import MoesimError
 SEED = zlib.crc32(b"moesim bootstrap")
 DEFAULT_RESAMPLES = 1000
 UNIT_RULES = ("auto", "sequence", "block")
-ASSUMPTION = ("percentile bootstrap over units of one replay: each unit's counts keep the cache state the "
-              "replay gave it (units are re-weighted, not re-replayed in a new order)")
+METHODS = ("rotated", "single")  # how a unit's counts are taken (simulator/rotation.py)
+ASSUMPTION = ("percentile bootstrap over units of the replay: units are re-weighted, not re-replayed in a new "
+              "order, so each keeps the cache state it was counted with (method rotated: after half the trace, "
+              "the cold start a fixed offset; single: as the one replay gave it)")
 
 
 @dataclass(frozen=True)
 class CI:
     """What ``--ci LEVEL`` asks for: a two-sided LEVEL% interval from ``resamples`` bootstrap
     resamples of units chosen by ``unit`` (auto: sequences, or blocks of tokens when the replay
-    has a single sequence; docs/uncertainty.md)."""
+    has a single sequence), each unit counted with a warm cache and the cold start as a fixed offset
+    (``method="rotated"``, one more replay) or as the replay gave it (``"single"``); docs/uncertainty.md."""
 
     level: float = 95.0
     resamples: int = DEFAULT_RESAMPLES
     unit: str = "auto"
+    method: str = "rotated"
 
     def __post_init__(self):
         level = float(self.level)
@@ -53,9 +57,18 @@ class CI:
             raise MoesimError(f"--ci-resamples must be a positive whole number, got {self.resamples!r}")
         if self.unit not in UNIT_RULES:
             raise MoesimError(f"--ci-unit must be one of {', '.join(UNIT_RULES)}, got {self.unit!r}")
+        if self.method not in METHODS:
+            raise MoesimError(f"--ci-method must be one of {', '.join(METHODS)}, got {self.method!r}")
         object.__setattr__(self, "level", level)
         object.__setattr__(self, "resamples", int(self.resamples))
         tail_rank(level, int(self.resamples))  # refuse a level the resamples cannot resolve
+
+
+def method_note(method: str | None) -> str:
+    """How the units of an interval were counted, for table notes and captions."""
+    if method == "single":
+        return "each unit counted as the one replay met it (the first carries the cold start)"
+    return "each unit counted with a warm cache, the cold start a fixed offset"
 
 
 def tail_rank(level: float, resamples: int) -> int:
@@ -140,5 +153,5 @@ def percentile_intervals(values: np.ndarray, level: float) -> np.ndarray:
     return out
 
 
-__all__ = ["CI", "SEED", "DEFAULT_RESAMPLES", "UNIT_RULES", "ASSUMPTION", "tail_rank", "weights", "resampled_sums",
-           "ratio", "percentile_interval", "percentile_intervals"]
+__all__ = ["method_note", "CI", "SEED", "DEFAULT_RESAMPLES", "UNIT_RULES", "METHODS", "ASSUMPTION", "tail_rank",
+           "weights", "resampled_sums", "ratio", "percentile_interval", "percentile_intervals"]

@@ -7,7 +7,8 @@ b = max(64, ceil(S / 50)) (so at most 50 blocks, each at least 64 steps; a step 
 batch 1). Steps replayed but not counted (--warmup-tokens) belong to no unit.
 
 ``unit_sums`` adds a SimResult's per-step series (its counters, gate mass, tokens and seconds)
-per unit: everything a ratio statistic of the replay needs, so intervals cost no extra replay.
+per unit: everything a ratio statistic of the replay needs, so intervals need no replay per
+resample (simulator/rotation.py adds one replay so that every unit is counted with a warm cache).
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ def unit_sums(result, units: Units) -> np.ndarray:
     if len(ids) != len(result.token_mass) or (ids[result.warmup_steps:] < 0).any() \
             or (ids[:result.warmup_steps] >= 0).any():
         raise MoesimError("internal: resampling units do not match the replay's steps")
+    return sums_by_unit(result, ids, units.n)
+
+
+def sums_by_unit(result, ids: np.ndarray, n_units: int) -> np.ndarray:
+    """``unit_sums`` with the unit of every replayed step given (-1: a step no unit counts)."""
+    if len(ids) != len(result.token_mass):
+        raise MoesimError("internal: resampling units do not match the replay's steps")
     counted = ids >= 0
     timed = counted & np.asarray(result.step_decode, bool)
     if not timed.any():
@@ -111,7 +119,7 @@ def unit_sums(result, units: Units) -> np.ndarray:
     members = np.asarray(result.step_members, np.float64)
 
     def per_unit(values, mask):
-        return np.bincount(ids[mask], weights=np.asarray(values, np.float64)[mask], minlength=units.n)
+        return np.bincount(ids[mask], weights=np.asarray(values, np.float64)[mask], minlength=n_units)
 
     cols = {name: per_unit(result.token_counts[:, i], counted) for name, i in _COUNTER.items()}
     cols["mass"] = per_unit(result.token_mass, counted)
@@ -128,14 +136,19 @@ def replay_statistics(sums: np.ndarray) -> dict[str, np.ndarray]:
     return {name: ratio(s[..., _COL[num]], s[..., _COL[den]]) for name, (num, den) in RATIOS.items()}
 
 
-def replay_intervals(sums: np.ndarray, ci: CI, timed: bool = True) -> dict[str, tuple | None]:
+def replay_intervals(sums: np.ndarray, ci: CI, timed: bool = True,
+                     offset: np.ndarray | None = None) -> dict[str, tuple | None]:
     """LEVEL% percentile intervals of every statistic in STATISTICS (None without one: a single unit,
-    or the time statistics of an unpriced replay)."""
+    or the time statistics of an unpriced replay). ``offset`` [len(SUM_NAMES)] is added to every
+    resample's sums (the cold start, simulator/rotation.py)."""
     sums = np.asarray(sums, np.float64)
     out: dict[str, tuple | None] = dict.fromkeys(STATISTICS)
     if sums.shape[0] < 2:
         return out
-    reps = replay_statistics(resampled_sums(sums, ci.resamples))
+    resampled = resampled_sums(sums, ci.resamples)
+    if offset is not None:
+        resampled += np.asarray(offset, np.float64)
+    reps = replay_statistics(resampled)
     for name in RATIOS:
         if name == "s_per_token" and not timed:
             continue
@@ -155,5 +168,5 @@ def derived_intervals(iv: dict) -> dict:
 
 
 __all__ = ["Units", "describe", "SUM_NAMES", "RATIOS", "STATISTICS", "TIMED", "MIN_BLOCK", "MAX_BLOCKS",
-           "block_length", "assign", "replay_units", "unit_sums", "replay_statistics", "replay_intervals",
-           "derived_intervals"]
+           "block_length", "assign", "replay_units", "unit_sums", "sums_by_unit", "replay_statistics",
+           "replay_intervals", "derived_intervals"]

@@ -13,8 +13,10 @@ from typing import Any
 
 from moesim.errors import MoesimError
 from moesim.simulator import SimConfig, simulate
+from moesim.simulator.bootstrap import CI
 from moesim.simulator.driver import ensure_compiled
-from moesim.simulator.units import replay_units, unit_sums
+from moesim.simulator.rotation import warm_unit_sums
+from moesim.simulator.units import replay_units
 
 EXECUTORS = ("local", "ray")
 # Tests slow each replay down by this many seconds to interrupt a sweep midway (never set it otherwise).
@@ -30,24 +32,28 @@ class Task:
     replay_key: str = ""  # tasks whose configs replay identically share one replay (grid.replay_twin)
 
 
-def replay_payload(routing, config: SimConfig, cost, unit_rule: str | None = None) -> dict:
+def replay_payload(routing, config: SimConfig, cost, ci: CI | None = None) -> dict:
     """Replay one config; return plain Python values only (workers must not touch polars: it is not
-    fork-safe). With ``unit_rule`` (--ci), also the replay's sums per resampling unit."""
+    fork-safe). With ``ci`` (--ci), also the replay's sums per resampling unit."""
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
     if delay > 0:
         time.sleep(delay)
     res = simulate(routing, config, cost=cost)
-    return payload(res, replay_units(routing, config, unit_rule) if unit_rule else None, unit_rule)
+    return payload(res, routing=routing, config=config, cost=cost, ci=ci)
 
 
-def payload(res, units=None, unit_rule: str | None = None) -> dict:
-    """The plain values of a SimResult that a sweep row is made of; with ``units``, its sums per unit
-    (a small array: units x simulator/units.py SUM_NAMES) for the parent's confidence intervals."""
+def payload(res, *, routing=None, config: SimConfig | None = None, cost=None, ci: CI | None = None) -> dict:
+    """The plain values of a SimResult that a sweep row is made of; with ``ci``, its sums per unit
+    (a small array: units x simulator/units.py SUM_NAMES) and the cold-start offset, counted as
+    ``ci.method`` says (simulator/rotation.py: one more replay), for the parent's confidence intervals."""
     out = {"totals": res.totals(), "layers": res.layer_rows(), "timing": res.timing,
            "slots_per_layer": res.slots_per_layer, "counted_tokens": res.counted_tokens}
-    if units is not None:
-        out["units"] = {"rule": unit_rule, "kind": units.kind, "n": units.n, "block_steps": units.block_steps,
-                        "sums": unit_sums(res, units)}
+    if ci is not None:
+        assert routing is not None and config is not None
+        units = replay_units(routing, config, ci.unit)
+        sums, offset, method = warm_unit_sums(routing, config, units, res, cost, ci.method)
+        out["units"] = {"rule": ci.unit, "method": method, "kind": units.kind, "n": units.n,
+                        "block_steps": units.block_steps, "sums": sums, "offset": offset}
     return out
 
 
@@ -56,7 +62,7 @@ _SHARED: dict = {}  # set before forking: the decoded traces and costs the worke
 
 def _run_task(task: Task) -> tuple[str, dict]:
     return task.replay_key, replay_payload(_SHARED["routings"][task.trace], task.config,
-                                           _SHARED["costs"][task.cost], _SHARED.get("unit_rule"))
+                                           _SHARED["costs"][task.cost], _SHARED.get("ci"))
 
 
 def _worker_init() -> None:
@@ -90,7 +96,7 @@ def _forked(tasks, jobs: int):
 _RAY_TRACES: dict = {}  # per Ray worker process: object ref -> writable Routing
 
 
-def _ray_batch(trace_ref, cost, tasks, unit_rule=None):
+def _ray_batch(trace_ref, cost, tasks, ci=None):
     """Runs in a Ray worker. ``trace_ref`` is [ObjectRef] (wrapped so Ray does not resolve it): the
     object store hands out read-only arrays, which numba would compile as a second signature, so
     each worker process copies a trace once and keeps it for the later batches."""
@@ -106,14 +112,14 @@ def _ray_batch(trace_ref, cost, tasks, unit_rule=None):
                                     phase=np.array(routing.phase))
         _RAY_TRACES.clear()  # one trace at a time per worker: bounded memory
         _RAY_TRACES[key] = local
-    return [(t.replay_key, replay_payload(local, t.config, cost, unit_rule)) for t in tasks]
+    return [(t.replay_key, replay_payload(local, t.config, cost, ci)) for t in tasks]
 
 
 def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None = None, executor: str = "local",
-            unit_rule: str | None = None):
+            ci: CI | None = None):
     """Replay every task; yield (replay_key, payload) as they finish, in any order. Close the
-    generator (or let an exception through) to stop: worker processes are terminated. ``unit_rule``
-    (auto, sequence, block): add each replay's sums per resampling unit (simulator/units.py)."""
+    generator (or let an exception through) to stop: worker processes are terminated. ``ci``: add
+    each replay's sums per resampling unit (simulator/units.py, simulator/rotation.py)."""
     if executor not in EXECUTORS:
         raise MoesimError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
     if jobs is not None and jobs < 1:
@@ -121,21 +127,21 @@ def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None =
     if not work:
         return
     if executor == "ray":
-        yield from _ray(work, jobs, routings, costs, unit_rule)
+        yield from _ray(work, jobs, routings, costs, ci)
         return
     ensure_compiled()  # compile or load once, before forking, so no worker compiles
     for r in routings:
         if r is not None:
             r.next_requests()  # computed once and inherited by every worker
     n_jobs = min(jobs or os.cpu_count() or 1, len(work))
-    _SHARED.update(routings=routings, costs=costs, unit_rule=unit_rule)
+    _SHARED.update(routings=routings, costs=costs, ci=ci)
     try:
         yield from (_forked(work, n_jobs) if n_jobs > 1 else _serial(work))
     finally:
         _SHARED.clear()
 
 
-def _ray(tasks, jobs: int | None, routings, costs, unit_rule=None):
+def _ray(tasks, jobs: int | None, routings, costs, ci=None):
     try:
         import ray
     except ImportError:
@@ -161,7 +167,7 @@ def _ray(tasks, jobs: int | None, routings, costs, unit_rule=None):
                 cost_refs[ci] = ray.put(costs[ci])
             size = max(1, -(-len(group) // (4 * n_workers)))  # ~4 batches per CPU: balance vs overhead
             for i in range(0, len(group), size):
-                pending.append(remote.remote([trace_refs[ti]], cost_refs[ci], group[i:i + size], unit_rule))
+                pending.append(remote.remote([trace_refs[ti]], cost_refs[ci], group[i:i + size], ci))
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             yield from ray.get(ready[0])

@@ -1,8 +1,9 @@
 """Confidence intervals of sweep rows, derived like the speed-up and the rank (sweeps/ranking.py).
 
 A row replayed with ``--ci`` keeps its replay's sums per resampling unit (``ci_unit_sums``,
-simulator/units.py) and how they were taken (``ci_level``, ``ci_resamples``, ``ci_rule``,
-``ci_unit``, ``ci_units``, ``ci_block_steps``). From them, every time the rows are ranked:
+simulator/units.py), the cold-start offset added to every resample (``ci_offset_sums``,
+simulator/rotation.py) and how they were taken (``ci_level``, ``ci_resamples``, ``ci_rule``,
+``ci_method``, ``ci_unit``, ``ci_units``, ``ci_block_steps``). From them, every time the rows are ranked:
 
 - ``<statistic>_low`` / ``_high`` for the hit, miss, substitution and drop rates, mass per step and
   time per token (s, ms, tokens per second): the percentile bootstrap of simulator/bootstrap.py;
@@ -26,8 +27,8 @@ from moesim.simulator.units import RATIOS, STATISTICS, SUM_NAMES, derived_interv
 from moesim.sweeps.schema import INTERVAL_STATISTICS
 
 INTERVAL_COLUMNS = tuple(f"{s}_{side}" for s in INTERVAL_STATISTICS for side in ("low", "high"))
-SETTING_COLUMNS = ("ci_level", "ci_resamples", "ci_rule", "ci_unit", "ci_units", "ci_block_steps")
-_PAIRING = ("ci_resamples", "ci_rule", "ci_unit", "ci_units", "ci_block_steps")
+SETTING_COLUMNS = ("ci_level", "ci_resamples", "ci_rule", "ci_method", "ci_unit", "ci_units", "ci_block_steps")
+_PAIRING = ("ci_resamples", "ci_rule", "ci_method", "ci_unit", "ci_units", "ci_block_steps")
 
 
 def _sums(r: dict) -> np.ndarray | None:
@@ -36,6 +37,11 @@ def _sums(r: dict) -> np.ndarray | None:
         return None
     a = np.asarray(s, np.float64)
     return a.reshape(int(n), len(SUM_NAMES)) if a.size == int(n) * len(SUM_NAMES) else None
+
+
+def _offset(r: dict) -> np.ndarray:
+    o = r.get("ci_offset_sums")
+    return np.asarray(o, np.float64) if o is not None and len(o) == len(SUM_NAMES) else np.zeros(len(SUM_NAMES))
 
 
 def _overlap(a: tuple | None, b: tuple | None) -> bool | None:
@@ -55,7 +61,7 @@ def annotate_group(members: list[dict], base: dict | None, priced: bool, klass) 
         sums = _sums(r)
         if sums is None or sums.shape[0] < 2:
             continue
-        reps = replay_statistics(resampled_sums(sums, int(r["ci_resamples"])))
+        reps = replay_statistics(resampled_sums(sums, int(r["ci_resamples"])) + _offset(r))
         iv: dict = {}
         for name in RATIOS:
             if name == "s_per_token" and not priced:

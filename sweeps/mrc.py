@@ -12,8 +12,9 @@ Other evictions have no inclusion property: they are replayed on a grid of sizes
 
 With ``ci`` (docs/uncertainty.md) every curve row gets a percentile-bootstrap interval of its hit rate
 over the trace's sequences (or blocks of tokens): for LRU from the same stack distances counted per
-unit (``unit_histograms``: the hits of every unit at every size, in one more pass), for the replayed
-evictions from each replay's hits and requests per unit (simulator/units.py). Per-layer rows have none.
+unit (``unit_histograms``: the hits of every unit at every size, in two more passes: the trace and the trace
+rotated by half, simulator/rotation.py), for the replayed evictions from each replay's hits and requests
+per unit (simulator/units.py). Per-layer rows have none.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from moesim.files import SUFFIXES, atomic_files, check_output, write_table_to
 from moesim.policies import registry
 from moesim.simulator.bootstrap import CI, percentile_intervals, ratio, resampled_sums
 from moesim.simulator.config import ALLOCATIONS, SimConfig, slots_for_budget
+from moesim.simulator.rotation import rotation
 from moesim.simulator.stack_distance import (  # decorated under the hashed cache dir (package init)
     stack_histograms,
     unit_histograms,
@@ -59,26 +61,47 @@ def lru_hits(routing, warmup_tokens: int = 0, reset_per_sequence: bool = False) 
     }
 
 
-def lru_unit_hits(routing, units: Units, warmup_tokens: int = 0, reset_per_sequence: bool = False) -> dict:
-    """LRU fetch-all hits of every resampling unit at every size, summed over layers: ``per_layer[u, N-1]``
-    (N slots per layer), ``pooled[u, N-1]`` (one pool of N x L slots), ``requests[u]``."""
-    sel = np.ascontiguousarray(routing.sel, dtype=np.int16)
-    seq = np.ascontiguousarray(routing.seq, dtype=np.int32)
-    per_layer, pooled = unit_histograms(sel, routing.n_experts, seq, int(warmup_tokens), bool(reset_per_sequence),
-                                        np.ascontiguousarray(units.ids, dtype=np.int64), int(units.n))
-    E, L = routing.n_experts, routing.n_layers
+def _unit_hits(sel, seq, ids, n_units, n_experts, warmup_tokens, reset_per_sequence):
+    L, E = sel.shape[1], n_experts
+    per_layer, pooled = unit_histograms(np.ascontiguousarray(sel, dtype=np.int16), E,
+                                        np.ascontiguousarray(seq, dtype=np.int32), int(warmup_tokens),
+                                        bool(reset_per_sequence), np.ascontiguousarray(ids, dtype=np.int64),
+                                        int(n_units))
     return {"per_layer": np.cumsum(per_layer[:, :E], axis=1),
             "pooled": np.cumsum(pooled[:, : L * E], axis=1)[:, np.arange(1, E + 1) * L - 1],
             "requests": per_layer.sum(axis=1)}
 
 
-def hit_rate_intervals(hits: np.ndarray, requests: np.ndarray, ci: CI) -> np.ndarray:
+def lru_unit_hits(routing, units: Units, warmup_tokens: int = 0, reset_per_sequence: bool = False,
+                  method: str = "single") -> dict:
+    """LRU fetch-all hits of every resampling unit at every size, summed over layers: ``per_layer[u, N-1]``
+    (N slots per layer), ``pooled[u, N-1]`` (one pool of N x L slots), ``requests[u]``, and the cold-start
+    offsets ``per_layer_offset`` and ``pooled_offset`` [E]. With ``method="rotated"`` the units before
+    U // 2 are counted from a second pass over the trace rotated by half (simulator/rotation.py), so every
+    unit is counted warm and the offsets hold the cold start; with "single" the offsets are zero."""
+    E = routing.n_experts
+    cold = _unit_hits(routing.sel, routing.seq, units.ids, units.n, E, warmup_tokens, reset_per_sequence)
+    out = dict(cold, per_layer_offset=np.zeros(E, np.int64), pooled_offset=np.zeros(E, np.int64))
+    if method != "rotated" or units.n < 2:
+        return out
+    order, h = rotation(units)
+    again = _unit_hits(routing.sel[order], routing.seq[order], units.ids[order], units.n, E, 0, reset_per_sequence)
+    for key in ("per_layer", "pooled"):
+        warm = cold[key].copy()
+        warm[:h] = again[key][:h]
+        out[key], out[f"{key}_offset"] = warm, cold[key].sum(axis=0) - warm.sum(axis=0)
+    return out
+
+
+def hit_rate_intervals(hits: np.ndarray, requests: np.ndarray, ci: CI, offset=None) -> np.ndarray:
     """[sizes, 2]: the interval of the hit rate at each size from the per-unit hits [U, sizes] and
-    requests [U] (NaN with a single unit)."""
+    requests [U], ``offset`` [sizes] hits added to every resample (NaN with a single unit)."""
     U, n = hits.shape
     if U < 2:
         return np.full((n, 2), np.nan)
     sums = resampled_sums(np.concatenate([hits, requests[:, None]], axis=1).astype(np.float64), ci.resamples)
+    if offset is not None:
+        sums[:, :n] += np.asarray(offset, np.float64)
     return percentile_intervals(ratio(sums[:, :n], sums[:, n:]), ci.level)
 
 
@@ -132,8 +155,8 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
         if warmup_tokens >= routing.n_tokens:
             raise MoesimError(f"warmup_tokens={warmup_tokens} leaves none of the trace's {routing.n_tokens} tokens")
         units = assign(routing.seq, int(warmup_tokens), ci.unit)  # a batch-1 replay's units (simulator/units.py)
-        base.update(ci_level=ci.level, ci_resamples=ci.resamples, ci_unit=units.kind, ci_units=units.n,
-                    ci_block_steps=units.block_steps)
+        base.update(ci_level=ci.level, ci_resamples=ci.resamples, ci_method=ci.method, ci_unit=units.kind,
+                    ci_units=units.n, ci_block_steps=units.block_steps)
 
     def add(eviction, allocation, sizes, hits, requests, method, interval=None):
         """hits: [L, len(sizes)] per layer and size; requests: [L]; interval: [len(sizes), 2] (--ci)."""
@@ -168,10 +191,12 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
 
     if "lru" in evictions:
         lru = lru_hits(routing, warmup_tokens, reset_per_sequence)
-        per_unit = lru_unit_hits(routing, units, warmup_tokens, reset_per_sequence) if units is not None else None
+        per_unit = lru_unit_hits(routing, units, warmup_tokens, reset_per_sequence, ci.method) \
+            if units is not None and ci is not None else None
         for allocation in allocations:
             key = "per_layer" if allocation == "per-layer" else "pooled"
-            iv = hit_rate_intervals(per_unit[key], per_unit["requests"], ci) if per_unit is not None and ci else None
+            iv = hit_rate_intervals(per_unit[key], per_unit["requests"], ci, per_unit[f"{key}_offset"]) \
+                if per_unit is not None and ci else None
             add("lru", allocation, np.arange(1, E + 1), lru[key], lru["requests"], "stack-distance", iv)
     configs = [SimConfig(eviction=ev, miss="fetch-all", slots=n, allocation=a, warmup_tokens=warmup_tokens,
                          reset_per_sequence=reset_per_sequence)
@@ -180,14 +205,13 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
     if progress:
         progress(0, len(work))
     done = 0
-    for key, payload in execute(work, [routing], [None], jobs=jobs, executor=executor,
-                                unit_rule=ci.unit if ci else None):
+    for key, payload in execute(work, [routing], [None], jobs=jobs, executor=executor, ci=ci):
         c = configs[int(key)]
         lr = payload["layers"]
         iv = None
         if ci is not None:
-            sums = payload["units"]["sums"]
-            iv = hit_rate_intervals(sums[:, [_HITS]], sums[:, _REQUESTS], ci)
+            sums, offset = payload["units"]["sums"], payload["units"]["offset"]
+            iv = hit_rate_intervals(sums[:, [_HITS]], sums[:, _REQUESTS], ci, offset[[_HITS]])
         add(c.eviction, c.allocation, [c.slots], [x["hits"] for x in lr], [x["requests"] for x in lr], "replay", iv)
         done += 1
         if progress:

@@ -26,6 +26,7 @@ from moesim.costmodel.pricing import price_trace
 from moesim.errors import MoesimError
 from moesim.simulator.bootstrap import CI
 from moesim.simulator.config import SimConfig
+from moesim.simulator.rotation import method_for
 from moesim.sweeps.executors import EXECUTORS, Task, execute
 from moesim.sweeps.grid import PRESET_ENGINES, PRESETS, Grid, expand, never_cached, replay_twin
 from moesim.sweeps.inputs import TraceEntry, load_traces
@@ -121,9 +122,10 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
     units = payload.get("units")
     if ci is not None and units is not None:
         # the intervals themselves are derived when rows are ranked (sweeps/intervals.py)
-        row.update(ci_level=ci.level, ci_resamples=ci.resamples, ci_rule=units["rule"], ci_unit=units["kind"],
-                   ci_units=units["n"], ci_block_steps=units["block_steps"],
-                   ci_unit_sums=[float(x) for x in units["sums"].reshape(-1)])
+        row.update(ci_level=ci.level, ci_resamples=ci.resamples, ci_rule=units["rule"], ci_method=units["method"],
+                   ci_unit=units["kind"], ci_units=units["n"], ci_block_steps=units["block_steps"],
+                   ci_unit_sums=[float(x) for x in units["sums"].reshape(-1)],
+                   ci_offset_sums=[float(x) for x in units["offset"]])
     keys = {"row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(), "cost_key": ck,
             "label": cfg.label()}
     layers = [{**keys, **lr} for lr in payload["layers"]]
@@ -228,8 +230,8 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
     tasks, costs, cost_info, notes = plan(entries, grid)
     store = ResultStore(output, inputs=[e.path for e in entries if e.path is not None], baseline=grid.baseline,
                         rank_by=rank_by)
-    todo = [t for t in tasks
-            if t.row_key not in store or (ci is not None and not store.has_units(t.row_key, ci.unit))]
+    todo = [t for t in tasks if t.row_key not in store or (
+        ci is not None and not store.has_units(t.row_key, ci.unit, method_for(replay_twin(t.config), ci.method)))]
     if ci is not None:
         store.relevel({t.row_key for t in tasks}, ci.level, ci.resamples)
     reused = len(tasks) - len(todo)
@@ -241,7 +243,7 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
     for t in work:
         check_config(t.config, entries[t.trace].routing)
     routings = [e.routing if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
-    results = execute(work, routings, costs, jobs=jobs, executor=executor, unit_rule=ci.unit if ci else None)
+    results = execute(work, routings, costs, jobs=jobs, executor=executor, ci=ci)
     done = 0
     last_flush = time.monotonic()
     interrupted = False

@@ -28,10 +28,11 @@ ROW_SCHEMA: dict[str, str] = {
     # derived over the rows of the same table (sweeps/ranking.py)
     "keeps_first_choice": "bool", "speedup": "f64", "baseline": "str", "rank": "i64", "pareto": "bool",
     "ranked_by": "str",
-    # --ci (docs/uncertainty.md): how the intervals were taken and the replay's sums per resampling unit
-    # (units x simulator/units.py SUM_NAMES, row-major); null for rows replayed without --ci
-    "ci_level": "f64", "ci_resamples": "i64", "ci_rule": "str", "ci_unit": "str", "ci_units": "i64",
-    "ci_block_steps": "i64", "ci_unit_sums": "list_f64",
+    # --ci (docs/uncertainty.md): how the intervals were taken, the replay's sums per resampling unit
+    # (units x simulator/units.py SUM_NAMES, row-major) and the cold-start offset added to every
+    # resample (SUM_NAMES; simulator/rotation.py); null for rows replayed without --ci
+    "ci_level": "f64", "ci_resamples": "i64", "ci_rule": "str", "ci_method": "str", "ci_unit": "str",
+    "ci_units": "i64", "ci_block_steps": "i64", "ci_unit_sums": "list_f64", "ci_offset_sums": "list_f64",
     # derived from the unit sums over the rows of the same table (sweeps/intervals.py)
     **{f"{name}_{side}": "f64" for name in INTERVAL_STATISTICS for side in ("low", "high")},
     "overlaps_best": "bool",

@@ -8,7 +8,6 @@ from typing import Any
 
 from moesim.simulator import SimConfig, SimResult, simulate
 from moesim.simulator.bootstrap import CI
-from moesim.simulator.units import replay_units
 from moesim.sweeps.executors import payload
 from moesim.sweeps.grid import DEFAULT_BASELINE, Grid, canonical
 from moesim.sweeps.inputs import load_traces
@@ -50,9 +49,8 @@ def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str 
         res = simulate(routing, task.config, cost=costs[task.cost])
         if task.config == config:
             mine = (task.row_key, res)
-        units = replay_units(routing, task.config, ci.unit) if ci is not None else None
-        row, lay = make_rows(task, payload(res, units, ci.unit if ci else None), entry, costs[task.cost],
-                             *cost_info[task.cost], ci=ci)
+        done = payload(res, routing=routing, config=task.config, cost=costs[task.cost], ci=ci)
+        row, lay = make_rows(task, done, entry, costs[task.cost], *cost_info[task.cost], ci=ci)
         rows.append(row)
         layers.extend(lay)
     assert mine is not None  # the grid holds the config itself

@@ -175,15 +175,18 @@ class ResultStore:
     def __contains__(self, row_key: str) -> bool:
         return row_key in self.done
 
-    def has_units(self, row_key: str, rule: str) -> bool:
-        """The row is stored with its sums per resampling unit taken by ``rule`` (--ci-unit)."""
+    def has_units(self, row_key: str, rule: str, method: str) -> bool:
+        """The row is stored with its sums per resampling unit taken by ``rule`` (--ci-unit) and
+        ``method`` (--ci-method, as simulator/rotation.py applies it)."""
         import polars as pl
 
+        def match(r):
+            return r.get("ci_rule") == rule and r.get("ci_method") == method and r.get("ci_unit_sums") is not None
+
         if any(r["row_key"] == row_key for r in self.new_rows):
-            return any(r["row_key"] == row_key and r.get("ci_rule") == rule and r.get("ci_unit_sums") is not None
-                       for r in self.new_rows)
+            return any(r["row_key"] == row_key and match(r) for r in self.new_rows)
         found = self.old_rows.filter((pl.col("row_key") == row_key) & (pl.col("ci_rule") == rule)
-                                     & pl.col("ci_unit_sums").is_not_null())
+                                     & (pl.col("ci_method") == method) & pl.col("ci_unit_sums").is_not_null())
         return found.height > 0
 
     def add(self, row: dict, layer_rows: list[dict]) -> None:

@@ -254,3 +254,71 @@ def test_mrc_lru_counts_per_unit_equal_lru_replays(allocation):
         sums = unit_sums(simulate(routing, cfg), replay_units(routing, cfg))
         assert (per_unit[key][:, n - 1] == sums[:, SUM_NAMES.index("hits")]).all()
         assert (per_unit["requests"] == sums[:, SUM_NAMES.index("requests")]).all()
+
+
+# ---------------------------------------------------------------------------------------------- rotated counting
+
+
+@pytest.mark.parametrize("rule", ["sequence", "block"])
+def test_rotated_units_add_up_to_the_replay_and_come_from_the_rotated_replay(rule):
+    from moesim.simulator.rotation import rotated_routing, rotation, warm_unit_sums
+
+    routing = random_trace("rotated" + rule, n_seq=5 if rule == "sequence" else 1, T=400)
+    config = SimConfig(eviction="freq", miss="threshold:0.15", admit=0.5, slots=4, warmup_tokens=10)
+    res = simulate(routing, config, cost=small_cost())
+    units = replay_units(routing, config, rule)
+    cold = unit_sums(res, units)
+    warm, offset, method = warm_unit_sums(routing, config, units, res, small_cost())
+    assert method == "rotated" and units.n >= 3
+    order, h = rotation(units)
+    assert h == units.n // 2 and units.ids[order[0]] == h
+    again = simulate(rotated_routing(routing, order), SimConfig(eviction="freq", miss="threshold:0.15", admit=0.5,
+                                                                slots=4), cost=small_cost())
+    ids = units.ids[order]
+    hits = SUM_NAMES.index("hits")
+    for u in range(units.n):
+        source, mask = (again, ids == u) if u < h else (res, units.ids == u)
+        assert warm[u, hits] == source.token_counts[mask, 1].sum()
+    # every resample of all units once each is the replay itself: the offset carries the cold start
+    assert (warm.sum(axis=0) + offset)[hits] == cold[:, hits].sum() == res.totals()["hits"]
+    assert offset[SUM_NAMES.index("requests")] == 0 and offset[hits] < 0  # a cold start loses hits
+    iv = replay_intervals(warm, CI(95), offset=offset)
+    assert iv["hit_rate"][0] <= res.totals()["hit_rate"] <= iv["hit_rate"][1]
+    single = warm_unit_sums(routing, config, units, res, method="single")
+    assert (single[0] == cold).all() and not single[1].any() and single[2] == "single"
+    if rule == "sequence":
+        batched = SimConfig(eviction="lru", slots=4, batch=2)
+        got = warm_unit_sums(routing, batched, replay_units(routing, batched, rule), simulate(routing, batched))
+        assert got[2] == "single" and not got[1].any()
+
+
+def test_rotated_lru_units_of_identical_sequences_are_identical_without_a_reset():
+    """LRU's state after a whole sequence is the same whichever copy precedes: counted warm, identical copies
+    count alike, and only the cold start (the offset) tells the first apart."""
+    routing = identical_sequences()
+    config = SimConfig(eviction="lru", miss="fetch-all", slots=4)
+    from moesim.simulator.rotation import warm_unit_sums
+
+    res = simulate(routing, config)
+    warm, offset, _ = warm_unit_sums(routing, config, replay_units(routing, config), res)
+    assert (warm == warm[0]).all() and offset[SUM_NAMES.index("hits")] < 0
+    iv = replay_intervals(warm, CI(95), timed=False, offset=offset)
+    assert iv["hit_rate"][0] == iv["hit_rate"][1] == res.totals()["hit_rate"]
+    plain = replay_intervals(unit_sums(res, replay_units(routing, config)), CI(95), timed=False)
+    assert plain["hit_rate"][1] > plain["hit_rate"][0]  # the single replay's first copy carries the cold start
+
+
+@pytest.mark.parametrize("allocation", ["per-layer", "global"])
+def test_mrc_rotated_lru_counts_equal_rotated_lru_replays(allocation):
+    from moesim.simulator.rotation import warm_unit_sums
+    from moesim.sweeps.mrc import lru_unit_hits
+
+    routing = random_trace("mrc-rotated", n_seq=4, T=200)
+    units = assign(routing.seq, 0)
+    per_unit = lru_unit_hits(routing, units, method="rotated")
+    key = "per_layer" if allocation == "per-layer" else "pooled"
+    hits = SUM_NAMES.index("hits")
+    for n in (2, 5, 12):
+        cfg = SimConfig(eviction="lru", miss="fetch-all", slots=n, allocation=allocation)
+        warm, offset, _ = warm_unit_sums(routing, cfg, replay_units(routing, cfg), simulate(routing, cfg))
+        assert (per_unit[key][:, n - 1] == warm[:, hits]).all() and per_unit[f"{key}_offset"][n - 1] == offset[hits]

@@ -33,7 +33,7 @@ from moesim.policies import registry
               help="Where the replays run (see moesim sweep).")
 @ci_options
 def command(trace, eviction, allocation, slots_grid, budget_grid, warmup_tokens, reset_per_sequence, fmt, output,
-            jobs, executor, ci, ci_resamples, ci_unit):
+            jobs, executor, ci, ci_resamples, ci_unit, ci_method):
     """Hit rate of TRACE at every cache size, per eviction policy (fetch-all,
     cold start). LRU: exact at every size from 1 to E slots per layer in one
     pass (stack distances), per layer and for a global pool. Other policies:
@@ -48,7 +48,7 @@ def command(trace, eviction, allocation, slots_grid, budget_grid, warmup_tokens,
 
     if output:
         check_curve_paths(output, [trace])
-    intervals = make_ci(ci, ci_resamples, ci_unit)
+    intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     slots = axis("slots", slots_grid) if slots_grid else None
     budgets = axis("budgets", budget_grid) if budget_grid else None
     bar = Progress("mrc")

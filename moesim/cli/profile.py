@@ -18,13 +18,13 @@ from moesim.cli.output import FORMAT_OPTION, ci_options, echo, echo_json, make_c
               help="Also write the charts and the routing-profile table (HTML, PNG, SVG, Markdown, LaTeX, CSV) "
                    "to this directory, as `moesim report --trace` does.")
 @ci_options
-def command(trace, fmt, budget, slots, plot, ci, ci_resamples, ci_unit):
+def command(trace, fmt, budget, slots, plot, ci, ci_resamples, ci_unit, ci_method):
     """Routing profile of TRACE: reuse of experts at the next token against
     chance, the working set covering 95% of requests, expert overlap between
     domains and the spread of gate weights (definitions: docs/profile.md)."""
     from moesim.reports.profile import profile_trace
 
-    intervals = make_ci(ci, ci_resamples, ci_unit)
+    intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     d = profile_trace(trace, budget=budget, slots=slots, ci=intervals)
     if fmt == "json":
         echo_json(d)

@@ -21,7 +21,7 @@ from moesim.cli.output import ci_options, make_ci
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=str), required=True,
               help="Report directory to write (replaced atomically if it holds an earlier report).")
 @ci_options
-def command(results, trace, budgets, title, baseline, out, ci, ci_resamples, ci_unit):
+def command(results, trace, budgets, title, baseline, out, ci, ci_resamples, ci_unit, ci_method):
     """Write a self-contained HTML report of sweep RESULTS (results.parquet from `moesim sweep`) and/or
     a --trace to directory -o: index.html works offline (Vega inlined, no network request), every chart
     also as PNG and SVG, every table as Markdown, LaTeX and CSV (docs/reports.md). Sweep rows with
@@ -36,8 +36,9 @@ def command(results, trace, budgets, title, baseline, out, ci, ci_resamples, ci_
 
     if results is None and trace is None:
         raise MoesimError("give sweep RESULTS (a results.parquet), --trace TRACE, or both")
+    intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     manifest = build_report(out, results=results, trace=trace, budgets=list(budgets) or None, title=title,
-                            progress=_progress(), baseline=baseline, ci=make_ci(ci, ci_resamples, ci_unit))
+                            progress=_progress(), baseline=baseline, ci=intervals)
     echo_summary(manifest, out)
 
 

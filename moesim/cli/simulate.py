@@ -76,7 +76,7 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @ci_options
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit, fmt):
+            batch, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine, with the speed-up over the baseline (default: the
@@ -92,7 +92,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
         check_output(per_token, [trace])
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch)
-    intervals = make_ci(ci, ci_resamples, ci_unit)
+    intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
                        ci=intervals)
     result = one.result
@@ -130,7 +130,8 @@ def ci_doc(row: dict) -> dict:
 
     units = describe(row["ci_unit"], row["ci_units"], row["ci_block_steps"],
                      "batch step" if row["batch"] > 1 else "token")
-    doc = {"level": row["ci_level"], "resamples": row["ci_resamples"], "seed": SEED, "unit": row["ci_unit"],
+    doc = {"level": row["ci_level"], "resamples": row["ci_resamples"], "seed": SEED, "method_used": row["ci_method"],
+           "unit": row["ci_unit"],
            "units": row["ci_units"], "block_steps": row["ci_block_steps"], "described": units, "method": ASSUMPTION,
            "intervals": {name: [row[f"{name}_low"], row[f"{name}_high"]] for name in INTERVAL_STATISTICS
                          if row.get(f"{name}_low") is not None}}
@@ -184,12 +185,14 @@ def render(doc: dict) -> list[str]:
     else:
         lines.append(f"time        not priced: {doc['priced_as']}")
     if "ci" in doc:
+        from moesim.simulator.bootstrap import method_note
+
         c = doc["ci"]
         lines.append(f"interval    {c.get('no_interval') or ''}" if "no_interval" in c else
                      f"interval    ± = half the {c['level']:g}% interval: percentile bootstrap over {c['described']}"
                      f"{' (few units: a coarse interval)' if c['units'] < 10 else ''}, {c['resamples']} resamples "
-                     "(seed fixed) of this one replay, whose cache state each unit keeps (docs/uncertainty.md); the "
-                     "speed-up's is paired with the baseline's replay")
+                     f"(seed fixed); {method_note(c['method_used'])} (docs/uncertainty.md); the speed-up's is paired "
+                     "with the baseline's")
     lines += [
         "",
         f"{'layer':>5} {'hit%':>7} {'fetch':>8} {'subst':>8} {'drop':>7} {'cpu':>8} {'mass/step':>10}",

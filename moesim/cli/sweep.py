@@ -10,8 +10,8 @@ from moesim.policies import miss as miss_policies
 from moesim.policies import registry
 
 TABLE_FORMATS = ["table", "json", "csv", "markdown", "latex"]
-# Not in CSV (a list per row): the per-unit sums the intervals come from (Parquet and JSON keep them).
-STORAGE_COLUMNS = ("ci_unit_sums",)
+# Not in CSV (lists): the per-unit sums and the offset the intervals come from (Parquet and JSON keep them).
+STORAGE_COLUMNS = ("ci_unit_sums", "ci_offset_sums")
 WIDTH = 120
 FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default="table", show_default=True,
                       help="table: ranked terminal table; json/csv: the result rows; markdown/latex: paper tables.")
@@ -94,7 +94,7 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @ci_options
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
             reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, baseline,
-            rank_by, max_mass, wide, flush_every, report_dir, ci, ci_resamples, ci_unit):
+            rank_by, max_mass, wide, flush_every, report_dir, ci, ci_resamples, ci_unit, ci_method):
     """Replay TRACE(s) through a grid of cache policies and print them ranked:
     policies that always run the router's first choice first, then by time per
     token (by hit rate when the trace cannot be priced), with the speed-up over
@@ -119,7 +119,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     def given(values):  # a repeatable flag that was not given keeps the file's (or the default) axis
         return list(values) or None
 
-    intervals = make_ci(ci, ci_resamples, ci_unit)
+    intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     grid = grid_from_options(config, budgets=given(budget), slots=given(slots), evictions=given(eviction),
                              misses=given(miss), thetas=given(theta), admits=given(admit),
                              allocations=given(allocation), batches=given(batch), warm=warm,
