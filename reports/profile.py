@@ -247,8 +247,8 @@ def cache_hit_rates(routing: Routing, budget: float | None = None, slots: int | 
                                              method=ci.method)
             iv = replay_intervals(sums, ci, timed=False, offset=offset)["hit_rate"]
             intervals[ev] = list(iv) if iv is not None else None
-    out = {"budget": budget, "slots_per_layer": n_slots, "miss": "fetch-all", "hit_rate": overall,
-           "layers": list(rows.values())}
+    out: dict[str, object] = {"budget": budget, "slots_per_layer": n_slots, "miss": "fetch-all",
+                               "hit_rate": overall, "layers": list(rows.values())}
     if ci is not None:
         out["hit_rate_interval"] = intervals
     return out

@@ -76,9 +76,9 @@ def annotate_group(members: list[dict], base: dict | None, priced: bool, klass) 
     if base is not None and id(base) in times:
         for r in members:
             if id(r) in times and all(r.get(c) == base.get(c) for c in _PAIRING):
-                iv = percentile_interval(ratio(times[id(base)], times[id(r)]), float(r["ci_level"]))
-                if iv is not None:
-                    r["speedup_low"], r["speedup_high"] = iv
+                paired = percentile_interval(ratio(times[id(base)], times[id(r)]), float(r["ci_level"]))
+                if paired is not None:
+                    r["speedup_low"], r["speedup_high"] = paired
     key = "s_per_token" if priced else "hit_rate"
     best: dict = {}
     for r in sorted(members, key=lambda r: r["rank"]):

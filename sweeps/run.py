@@ -86,7 +86,7 @@ def check_config(config: SimConfig, routing) -> None:
 
 
 def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw, model, quant,
-              quant_choice: str = "", ci: CI | None = None) -> tuple[dict, list]:
+              quant_choice: str = "", *, ci: CI | None = None) -> tuple[dict, list]:
     cfg = task.config
     ck = task.row_key.rsplit(":", 1)[1]
     t = payload["totals"]
