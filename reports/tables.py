@@ -229,6 +229,17 @@ PRICED_COLUMNS = [
 ]
 # With intervals: whether this trace resolves the row's time (hit rate, unpriced) from its class's best.
 VS_BEST_COLUMN = Column("vs_best", "vs best", _text, "l", latex="vs\nbest")
+DPPL_COLUMN = Column("dppl_shown", "dppl %", lambda v: "-" if v is None else str(v), latex=r"$\Delta$ppl \%")
+
+
+def quality_note(members: list[dict]) -> str:
+    fits = sorted({r["dppl_source"] for r in members if r.get("dppl_source") not in (None, "measured")})
+    note = "dppl %: perplexity increase measured by moesim emulate"
+    if fits:
+        note += "; ~ marks an " + "; ".join(fits)
+    return note + "; '-': not emulated (policies that may substitute the first choice get no estimate)."
+
+
 WIDE_COLUMNS = [
     Column("first_choice_substitutions", "1st subst+drop", _int),
     Column("gb_per_token_sync", "GB/tok sync", _f(".3f")),
@@ -356,6 +367,9 @@ def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict |
         interval_line = ci_line(members)
         cols = columns_for(priced, wide, any(m.get("fits_in_vram") is False for m in members),
                            interval_line is not None)
+        if "dppl_shown" in members[0]:   # sweep --quality: measured (or, marked ~, estimated) dppl
+            at = next(i for i, c in enumerate(cols) if c.key == "pareto")
+            cols = cols[:at] + [DPPL_COLUMN] + cols[at:]
         quant = members[0].get("quant_choice") or ""
         note = ((f"Quantization {quant}. " if quant and not quant.endswith(": given") else "")
                 + NOTE_COLUMNS
@@ -366,6 +380,8 @@ def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict |
             note += f" {dropped[key]} configs above the --max-mass limit left out."
         if len(shown) < len(members):
             note += f" Top {len(shown)} of {len(members)} configs."
+        if "dppl_shown" in members[0]:
+            note += " " + quality_note(members)
         lines = pricing_lines(members) + ([interval_line] if interval_line else [])
         tables.append(Table(group_title(members[0]), cols, cells(shown, cols), note, lines))
     return tables

@@ -162,7 +162,6 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
     dense = meta.layout == "dense"
     bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
-    stored = meta.tie_order == "stored"
     cols = (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
     start = 0
     for batch in tf.iter_batches(cols):
@@ -170,9 +169,7 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
         rows = slice(start, start + n)
         ids, vals = _scores(batch, meta, tf.path)
         bias_rows = bias[layer_ord[rows][:, None], ids] if bias is not None else None
-        score = gating.selection_scores(vals, meta.gating, bias_rows)
-        order = gating.rank_order(ids, score, ids_sorted=dense or stored)
-        ranked_ids = np.take_along_axis(ids, order, axis=1)
+        s = ww = None
         if has_sel:
             s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
             _check_ids(s, E, "selected", tf.path)
@@ -180,30 +177,50 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
                 ww = _fixed(batch.column("weights"), k, np.float64, "weights", tf.path)
                 if not np.isfinite(ww).all():
                     raise MoesimError(f"{tf.path}: column weights holds NaN or infinite values")
-                try:
-                    ww = gating.normalize(ww)
-                except MoesimError as exc:
-                    raise MoesimError(f"{tf.path}: {exc}") from None
-            else:
-                sel_logits, found = gating.lookup(ids, vals, s, dense=dense)
-                if not found.all():
-                    raise MoesimError(f"{tf.path}: a selected expert is not among the row's scored candidates and "
-                                      "the trace stores no weights to weigh it")
-                ww = gating.gate_weights(sel_logits, meta.gating)
-        else:
-            if meta.gating == "sigmoid" and meta.n_group > 1:
-                if not dense:
-                    raise MoesimError(f"{tf.path}: group-limited sigmoid routing needs dense logits or a "
-                                      "'selected' column")
-                s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
-                sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
-            else:
-                s = ranked_ids[:, :k]
-                sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
-            ww = gating.gate_weights(sel_logits, meta.gating)
-        s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
-        yield rows, ranked_ids, s_ord, w_ord
+        yield (rows, *decode_scores(meta, ids, vals, bias_rows, s, ww, where=str(tf.path)))
         start += n
+
+
+def decode_scores(meta: TraceMeta, ids: np.ndarray, vals: np.ndarray, bias_rows: np.ndarray | None,
+                  selected: np.ndarray | None, weights: np.ndarray | None, where: str = "routing"
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of scores as a trace stores them -> (candidates ranked by selection score [n, M],
+    selected [n, k] in rank order, their normalized weights [n, k]). ``ids``/``vals``: the
+    scored experts and their logits (float64 of the stored float32); ``bias_rows``: the
+    selection bias of each row's ids; ``selected``/``weights``: the model's own choice when
+    stored. The one decode both a trace file and the emulator's in-memory routing go through."""
+    k = meta.top_k
+    dense = meta.layout == "dense"
+    stored = meta.tie_order == "stored"
+    score = gating.selection_scores(vals, meta.gating, bias_rows)
+    order = gating.rank_order(ids, score, ids_sorted=dense or stored)
+    ranked_ids = np.take_along_axis(ids, order, axis=1)
+    if selected is not None:
+        s = selected
+        if weights is not None:
+            try:
+                ww = gating.normalize(weights)
+            except MoesimError as exc:
+                raise MoesimError(f"{where}: {exc}") from None
+        else:
+            sel_logits, found = gating.lookup(ids, vals, s, dense=dense)
+            if not found.all():
+                raise MoesimError(f"{where}: a selected expert is not among the row's scored candidates and "
+                                  "the trace stores no weights to weigh it")
+            ww = gating.gate_weights(sel_logits, meta.gating)
+    else:
+        if meta.gating == "sigmoid" and meta.n_group > 1:
+            if not dense:
+                raise MoesimError(f"{where}: group-limited sigmoid routing needs dense logits or a "
+                                  "'selected' column")
+            s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
+            sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
+        else:
+            s = ranked_ids[:, :k]
+            sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
+        ww = gating.gate_weights(sel_logits, meta.gating)
+    s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
+    return ranked_ids, s_ord, w_ord
 
 
 def validate_trace(path: str | os.PathLike | TraceFile) -> dict:
@@ -314,4 +331,4 @@ def _scores(batch: pa.RecordBatch, meta: TraceMeta, path: Path) -> tuple[np.ndar
     return ids, vals
 
 
-__all__ = ["Routing", "load_routing", "decode", "validate_trace", "expert_counts", "PHASES"]
+__all__ = ["Routing", "load_routing", "decode", "decode_scores", "validate_trace", "expert_counts", "PHASES"]
