@@ -167,3 +167,12 @@ def test_report_charts_draw_error_bars(swept, trace, tmp_path):
     assert "hit (%) low" in csv_head and "speed-up (×) high" in csv_head
     prof_md = (tmp_path / "rep" / manifest["files"]["tables"]["routing_profile"]["Markdown"]).read_text()
     assert "±" in prof_md
+
+
+def test_export_ci(trace, tmp_path):
+    res = run_cli("export", trace, "-b", "0.25", "--policy", "static", "--format", "json", "-o", tmp_path / "p.json",
+                  "--ci", "95")
+    assert "±" in res.output and "95% interval over 4 sequences" in res.output
+    e = json.loads((tmp_path / "p.json").read_text())["expected"]
+    lo, hi = e["intervals"]["hit_rate"]
+    assert lo <= e["hit_rate"] <= hi and e["ci_level"] == 95
