@@ -175,7 +175,9 @@ def profile_intervals(r: Routing, ci, pairs: np.ndarray | None = None) -> dict:
                  "cache_method": ci.method,
                  "intervals": {}, "without_interval": dict(NO_INTERVAL)}
     if units.n < 2:
-        out["no_interval"] = f"the trace has {units.describe()}: nothing to resample (--ci-unit block)"
+        from moesim.reports.tables import single_unit
+
+        out["no_interval"] = single_unit(units.kind, units.describe())
         return out
     reps = resampled_sums(cols, ci.resamples)
     names = ("reuse_next_token", "gate.mean_first_choice_weight", f"gate.fraction_weight_ge_{GATE_THRESHOLD}")

@@ -319,6 +319,8 @@ def ci_line(members: list[dict]) -> str | None:
         return None
     r = with_ci[0]
     units = describe(r["ci_unit"], r["ci_units"], r["ci_block_steps"], "batch step" if r["batch"] > 1 else "token")
+    if r["ci_units"] < 2:
+        return f"no {r['ci_level']:g}% interval: {single_unit(r['ci_unit'], units)}"
     what = "time" if r["priced"] else "hit-rate"
     few = " (few units: a coarse interval)" if r["ci_units"] < FEW_UNITS else ""
     missing = f"; {len(members) - len(with_ci)} rows without intervals" if len(with_ci) < len(members) else ""
@@ -329,6 +331,13 @@ def ci_line(members: list[dict]) -> str | None:
 
 
 FEW_UNITS = 10  # fewer resampling units than this: say the interval is coarse
+
+
+def single_unit(kind: str, units: str) -> str:
+    """Why one unit gives no interval, and what would."""
+    if kind == "block":
+        return f"{units}, nothing to resample (a trace needs two blocks of at least 64 tokens)"
+    return f"{units}, nothing to resample (--ci-unit block resamples blocks of its tokens)"
 
 
 def vs_best(df) -> dict[str, str]:
@@ -366,7 +375,7 @@ def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict |
         priced = members[0]["priced"]
         interval_line = ci_line(members)
         cols = columns_for(priced, wide, any(m.get("fits_in_vram") is False for m in members),
-                           interval_line is not None)
+                           any(m.get("overlaps_best") is not None for m in members))
         if "dppl_shown" in members[0]:   # sweep --quality: measured (or, marked ~, estimated) dppl
             at = next(i for i, c in enumerate(cols) if c.key == "pareto")
             cols = cols[:at] + [DPPL_COLUMN] + cols[at:]
@@ -451,7 +460,7 @@ def mrc_ci_line(r: dict) -> str:
 
     units = describe(r["ci_unit"], r["ci_units"], r["ci_block_steps"])
     if r["ci_units"] < 2:
-        return f"no interval: the trace has {units} to resample (--ci-unit block resamples blocks of tokens)"
+        return f"no interval: {single_unit(r['ci_unit'], units)}"
     few = " (few units: a coarse interval)" if r["ci_units"] < FEW_UNITS else ""
     return (f"± = half the {r['ci_level']:g}% interval: percentile bootstrap over {units}{few}, {r['ci_resamples']} "
             f"resamples; {method_note(r.get('ci_method'))} (docs/uncertainty.md)")

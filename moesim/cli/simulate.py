@@ -136,8 +136,9 @@ def ci_doc(row: dict) -> dict:
            "intervals": {name: [row[f"{name}_low"], row[f"{name}_high"]] for name in INTERVAL_STATISTICS
                          if row.get(f"{name}_low") is not None}}
     if row["ci_units"] < 2:
-        doc["no_interval"] = (f"the replay has {units}: nothing to resample (--ci-unit block resamples blocks of "
-                              "tokens)")
+        from moesim.reports.tables import single_unit
+
+        doc["no_interval"] = single_unit(row["ci_unit"], units)
     return doc
 
 
@@ -188,7 +189,7 @@ def render(doc: dict) -> list[str]:
         from moesim.simulator.bootstrap import method_note
 
         c = doc["ci"]
-        lines.append(f"interval    {c.get('no_interval') or ''}" if "no_interval" in c else
+        lines.append(f"interval    none: {c['no_interval']}" if "no_interval" in c else
                      f"interval    ± = half the {c['level']:g}% interval: percentile bootstrap over {c['described']}"
                      f"{' (few units: a coarse interval)' if c['units'] < 10 else ''}, {c['resamples']} resamples "
                      f"(seed fixed); {method_note(c['method_used'])} (docs/uncertainty.md); the speed-up's is paired "
