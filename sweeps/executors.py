@@ -141,7 +141,7 @@ def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None =
         _SHARED.clear()
 
 
-def _ray(tasks, jobs: int | None, routings, costs, ci=None):
+def _ray(tasks, jobs: int | None, routings, costs, intervals: CI | None = None):
     try:
         import ray
     except ImportError:
@@ -167,7 +167,7 @@ def _ray(tasks, jobs: int | None, routings, costs, ci=None):
                 cost_refs[ci] = ray.put(costs[ci])
             size = max(1, -(-len(group) // (4 * n_workers)))  # ~4 batches per CPU: balance vs overhead
             for i in range(0, len(group), size):
-                pending.append(remote.remote([trace_refs[ti]], cost_refs[ci], group[i:i + size], ci))
+                pending.append(remote.remote([trace_refs[ti]], cost_refs[ci], group[i:i + size], intervals))
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             yield from ray.get(ready[0])
