@@ -137,6 +137,7 @@ class ResultStore:
         self.old_rows = frame([], ROW_SCHEMA)
         self.old_layers = frame([], LAYER_SCHEMA)
         self.replaced: set[str] = set()  # keys this process rewrote: its version wins over the file's
+        self._units_of: tuple | None = None  # (old_rows, {row_key: (ci_rule, ci_method)}) for has_units
         self._seen = None  # (stat of rows, stat of layers) as last read or written by this process
         if self.path is not None:
             self.inputs = list(inputs)
@@ -185,9 +186,11 @@ class ResultStore:
 
         if any(r["row_key"] == row_key for r in self.new_rows):
             return any(r["row_key"] == row_key and match(r) for r in self.new_rows)
-        found = self.old_rows.filter((pl.col("row_key") == row_key) & (pl.col("ci_rule") == rule)
-                                     & (pl.col("ci_method") == method) & pl.col("ci_unit_sums").is_not_null())
-        return found.height > 0
+        if self._units_of is None or self._units_of[0] is not self.old_rows:  # one pass over the stored rows
+            stored = self.old_rows.filter(pl.col("ci_unit_sums").is_not_null()).select("row_key", "ci_rule",
+                                                                                      "ci_method")
+            self._units_of = (self.old_rows, {k: (a, b) for k, a, b in stored.iter_rows()})
+        return self._units_of[1].get(row_key) == (rule, method)
 
     def add(self, row: dict, layer_rows: list[dict]) -> None:
         key = row["row_key"]
