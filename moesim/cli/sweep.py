@@ -106,6 +106,10 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     print_results(df, fmt, top, header)
     saved = f"; results in {out.output} and {out.output.with_name(out.output.stem + '.layers.parquet')}" \
         if out.output else ""
+    if executor == "ray" and out.computed:
+        from moesim.sweeps.executors import ray_summary
+
+        click.echo(ray_summary(out.executor_stats), err=True)
     click.echo(f"{len(df)} configs: {out.computed} computed, {out.reused} already in the results file{saved}",
                err=True)
     if report_dir:
