@@ -157,6 +157,37 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
     """Decode the score columns a row group at a time. Yields (row slice, candidates
     ranked by selection score [n, M], selected [n, k] in rank order, their normalized
     weights [n, k]). Only one batch of scores is in memory at a time."""
+    if tf.meta.layout == "ranked":
+        yield from _ranked_batches(tf, layer_ord)
+        return
+    stored = tf.meta.tie_order == "stored"
+    for rows, g in _gate_inputs(tf, layer_ord):
+        s_ord, w_ord = gating.order_selected(g.sel, g.weights(tf.meta.gating), keep_stored=stored)
+        yield rows, g.ranked, s_ord, w_ord
+
+
+@dataclass
+class GateInputs:
+    """One batch of a dense or sparse trace, decoded up to the gate: ``ranked`` [n, M] candidates,
+    ``sel`` [n, k] the selection (not yet ordered by weight), and what its weights come from:
+    ``raw_weights`` (the trace's weights column) or ``sel_logits`` (the selected experts' logits).
+    ``first_k``: the selection is the k first-ranked candidates (no selected column, no group limit)."""
+
+    ranked: np.ndarray
+    sel: np.ndarray
+    raw_weights: np.ndarray | None
+    sel_logits: np.ndarray | None
+    first_k: bool
+
+    def weights(self, gating_name: str) -> np.ndarray:
+        if self.raw_weights is not None:
+            return gating.normalize(self.raw_weights)
+        assert self.sel_logits is not None
+        return gating.gate_weights(self.sel_logits, gating_name)
+
+
+def _gate_inputs(tf: TraceFile, layer_ord: np.ndarray):
+    """(row slice, GateInputs) per batch of a dense or sparse trace, checked."""
     meta = tf.meta
     k, E = meta.top_k, meta.n_experts
     dense = meta.layout == "dense"
@@ -173,23 +204,18 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
         score = gating.selection_scores(vals, meta.gating, bias_rows)
         order = gating.rank_order(ids, score, ids_sorted=dense or stored)
         ranked_ids = np.take_along_axis(ids, order, axis=1)
+        raw_w = sel_logits = None
+        first_k = False
         if has_sel:
             s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
             _check_ids(s, E, "selected", tf.path)
             if has_w:
-                ww = _fixed(batch.column("weights"), k, np.float64, "weights", tf.path)
-                if not np.isfinite(ww).all():
-                    raise MoesimError(f"{tf.path}: column weights holds NaN or infinite values")
-                try:
-                    ww = gating.normalize(ww)
-                except MoesimError as exc:
-                    raise MoesimError(f"{tf.path}: {exc}") from None
+                raw_w = _weights(batch, k, tf.path)
             else:
                 sel_logits, found = gating.lookup(ids, vals, s, dense=dense)
                 if not found.all():
                     raise MoesimError(f"{tf.path}: a selected expert is not among the row's scored candidates and "
                                       "the trace stores no weights to weigh it")
-                ww = gating.gate_weights(sel_logits, meta.gating)
         else:
             if meta.gating == "sigmoid" and meta.n_group > 1:
                 if not dense:
@@ -200,9 +226,76 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
             else:
                 s = ranked_ids[:, :k]
                 sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
-            ww = gating.gate_weights(sel_logits, meta.gating)
+                first_k = True
+        yield rows, GateInputs(ranked_ids, s, raw_w, sel_logits, first_k)
+        start += n
+
+
+def _weights(batch: pa.RecordBatch, k: int, path: Path) -> np.ndarray:
+    ww = _fixed(batch.column("weights"), k, np.float64, "weights", path)
+    if not np.isfinite(ww).all():
+        raise MoesimError(f"{path}: column weights holds NaN or infinite values")
+    if (ww < 0).any() or (ww.sum(axis=1) <= 0).any():
+        raise MoesimError(f"{path}: gate weights must be non-negative with a positive sum over the k selected "
+                          "experts")
+    return ww
+
+
+def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray):
+    """_decoded_batches of the ranked layout: move-to-front decode of the candidates (state restarted
+    at every row group), the selection and its gate weights from the stored gate column."""
+    from moesim.traces import ranked as rk
+
+    meta = tf.meta
+    L, k, E, M = meta.n_layers, meta.top_k, meta.n_experts, meta.n_candidates
+    has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
+    gaps = meta.logit_scale is not None
+    logits = not gaps and not has_w
+    stored = meta.tie_order == "stored"
+    width = rk.code_width(E)
+    cols = ["ranked_ids"] + ["gate_gaps"] * gaps + ["gate_logits"] * logits + ["selected"] * has_sel \
+        + ["weights"] * has_w
+    mtf = rk.codec()
+    lists = where = None
+    lay = np.ascontiguousarray(layer_ord, dtype=np.int32)
+    start = 0
+    for first, batch in tf.iter_group_batches(cols):
+        n = batch.num_rows
+        rows = slice(start, start + n)
+        if first or lists is None:
+            lists, where = rk.new_state(L, E)
+        col = batch.column("ranked_ids")
+        if col.null_count:
+            raise MoesimError(f"{tf.path}: column ranked_ids has missing values")
+        codes = rk.unpack(rk.binary_rows(col, M * width), M, width)
+        ids, good = mtf.decode(codes, lay[rows], lists, where)
+        if good < n:
+            raise MoesimError(f"{tf.path}: column ranked_ids row {start + good} holds a code out of 0..{E - 1} or "
+                              "repeats one (damaged file)")
+        ranked = ids.astype(np.int64)
+        if has_sel:
+            s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
+            _check_ids(s, E, "selected", tf.path)
+        else:
+            s = ranked[:, :k]
+        if has_w:
+            ww = gating.normalize(_weights(batch, k, tf.path))
+        elif gaps:
+            gcol = batch.column("gate_gaps")
+            if gcol.null_count:
+                raise MoesimError(f"{tf.path}: column gate_gaps has missing values")
+            g = rk.unpack(rk.binary_rows(gcol, 2 * (k - 1)), k - 1, 2)
+            x = np.zeros((n, k), dtype=np.float64)
+            # logits relative to the first-ranked one: softmax gate weights do not change under a shift
+            np.cumsum(-g, axis=1, out=x[:, 1:])
+            ww = gating.gate_weights(x * meta.logit_scale, meta.gating)
+        else:
+            gl = _fixed(batch.column("gate_logits"), k, np.float64, "gate_logits", tf.path)
+            if not np.isfinite(gl).all():
+                raise MoesimError(f"{tf.path}: column gate_logits holds NaN or infinite values")
+            ww = gating.gate_weights(gl, meta.gating)
         s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
-        yield rows, ranked_ids, s_ord, w_ord
+        yield rows, ranked, s_ord, w_ord
         start += n
 
 

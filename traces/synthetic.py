@@ -9,6 +9,7 @@ log-sum-exp over all E, computed from the same full logits.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zlib
@@ -165,7 +166,7 @@ def log_sum_exp(x: np.ndarray) -> np.ndarray:
     return (mx[:, 0] + np.log(np.exp(x - mx).sum(axis=1)))
 
 
-def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0) -> str:
+def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0, layout="ranked") -> str:
     parts = ["moesim synth", f"--preset {preset}", f"--tokens {tokens}", f"--seqs {seqs}", f"--seed {seed}"]
     if domains is not None:
         parts.append(f"--domains {','.join(domains) if domains else 'none'}")
@@ -173,14 +174,21 @@ def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, pre
         parts.append(f"--candidates {candidates}")
     if prefill:
         parts.append(f"--prefill {prefill}")
+    if layout != "ranked":
+        parts.append(f"--layout {layout}")
     parts.append(f"-o {path}")
     return " ".join(parts)
 
 
+LAYOUTS = ("ranked", "sparse")
+
+
 def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: list[str] | None = None,
                path: str | os.PathLike = "synthetic.parquet", *, candidates: int | None = None, prefill: int = 0,
-               knobs: RoutingKnobs | None = None, command: str | None = None) -> Path:
-    """Write a synthetic v1 trace (sparse layout) and return its path.
+               knobs: RoutingKnobs | None = None, command: str | None = None, layout: str = "ranked") -> Path:
+    """Write a synthetic trace and return its path: the compact ``ranked`` layout (the default:
+    ranked candidates and the gate logits as gaps on the knobs' grid) or the ``sparse`` layout
+    (every candidate's logit and the log-sum-exp over all E; same routing, same replays).
 
     ``domains``: None -> the preset's default domains; [] -> no domain structure (no domain column).
     ``candidates``: M stored per row (default: the preset's, capped at E). The first ``prefill``
@@ -190,6 +198,8 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     from moesim.costmodel.models import load_model
 
     check_args(preset, tokens, seqs, seed, domains, prefill)
+    if layout not in LAYOUTS:
+        raise MoesimError(f"unknown synthetic trace layout {layout!r} (use {' or '.join(LAYOUTS)})")
     tokens, seqs, seed, prefill = int(tokens), int(seqs), int(seed), int(prefill)
     model = load_model(preset)
     kn = knobs if knobs is not None else PRESETS[preset]
@@ -208,18 +218,20 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     seq, pos, dom = plan_tokens(tokens, seqs, len(names), kn, weights, _rng(seed, "layout"))
     base = base_scores(seed, L, E, names, kn)
     sigmoid = model.gating == "sigmoid"
+    ranked = layout == "ranked"
     path = Path(path)
     meta = TraceMeta(
         model_id=model.hf_id or model.name, family=model.family, n_experts=E, top_k=k,
-        moe_layers=model.moe_layers, gating=model.gating, norm_topk_prob=model.norm_topk_prob, layout="sparse",
-        n_candidates=M, routed_scaling_factor=model.routed_scaling_factor, n_shared_experts=model.n_shared_experts,
+        moe_layers=model.moe_layers, gating=model.gating, norm_topk_prob=model.norm_topk_prob, layout=layout,
+        n_candidates=M, logit_scale=kn.grid if ranked and not sigmoid and k > 1 and _power_of_two(kn.grid) else None, routed_scaling_factor=model.routed_scaling_factor, n_shared_experts=model.n_shared_experts,
         dense_layers=model.dense_layers, bytes_per_expert=model.bytes_per_expert_table(),
         n_group=model.n_group, topk_group=model.topk_group, synthetic=True,
         tracer={"name": GENERATOR, "version": f"{__version__} (generator {GENERATOR_VERSION})"},
         source={
             "preset": preset, "tokens": tokens, "seqs": seqs, "seed": seed,
             "domains": use_domains, "prefill": prefill, "candidates": M,
-            "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill),
+            "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill,
+                                               layout),
             "generator": GENERATOR_VERSION, "knobs": kn.to_dict(),
             "note": "synthetic routing from a generative model calibrated to published statistics; "
                     "not recorded from the model",
@@ -240,13 +252,34 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
                 extra = {"selected": sel, "weights": w}
             if with_column:
                 extra["domain"] = np.repeat(np.asarray(names)[dom[rows]], L)
+            if ranked:
+                extra.update(_ranked_columns(ids, top_q, kn.grid, k, model.gating, meta.logit_scale))
+            else:
+                extra.update(top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32),
+                             lse=log_sum_exp(x).astype(np.float32))
             writer.write(
                 seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=np.tile(layers, c),
-                phase=np.repeat(phase_names[(pos[rows] < prefill).astype(np.int64)], L),
-                top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32), lse=log_sum_exp(x).astype(np.float32),
-                **extra,
+                phase=np.repeat(phase_names[(pos[rows] < prefill).astype(np.int64)], L), **extra,
             )
     return path
+
+
+def _power_of_two(x: float) -> bool:
+    return x > 0 and math.frexp(x)[0] == 0.5
+
+
+def _ranked_columns(ids: np.ndarray, top_q: np.ndarray, grid: float, k: int, gating_name: str,
+                    logit_scale: float | None) -> dict:
+    """The ranked layout's columns from the best M (ids, integer logits) per row, ranked by
+    (logit desc, id asc): for sigmoid gating re-ranked by the decoder's own selection score
+    (sigmoid saturates: distinct logits can tie), gate scores as gaps on the grid."""
+    if gating_name == "sigmoid":
+        x = top_q * grid
+        ids = np.take_along_axis(ids, gating.rank_order(ids, gating.selection_scores(x, gating_name, None)), axis=1)
+        return {"ranked_ids": ids}  # DeepSeek-V3's synthetic traces store selected and weights
+    if logit_scale is None:
+        return {"ranked_ids": ids, "gate_logits": (top_q[:, :k] * grid).astype(np.float32)}
+    return {"ranked_ids": ids, "gate_gaps": top_q[:, :k - 1] - top_q[:, 1:k]}
 
 
 def _sigmoid_route(x: np.ndarray, k: int, n_group: int, topk_group: int, scale: float):
