@@ -150,11 +150,12 @@ def test_damaged_codes_and_bad_rows_are_errors(tmp_path):
     meta = _ranked_meta(8, 4)
     with pytest.raises(MoesimError, match="repeats an expert"):
         with TraceWriter(tmp_path / "x.parquet", meta) as w:
-            w.write(seq=[0, 0, 0], pos=[0, 0, 0], layer=[0, 1, 2], ranked_ids=[[0, 1, 2, 3], [1, 1, 2, 3], [0, 1, 2, 3]],
-                    gate_logits=np.zeros((3, 2)))
+            w.write(seq=[0, 0, 0], pos=[0, 0, 0], layer=[0, 1, 2],
+                    ranked_ids=[[0, 1, 2, 3], [1, 1, 2, 3], [0, 1, 2, 3]], gate_logits=np.zeros((3, 2)))
     assert not (tmp_path / "x.parquet").exists()
     with TraceWriter(tmp_path / "t.parquet", meta) as w:
-        w.write(seq=[0, 0, 0], pos=[0, 0, 0], layer=[0, 1, 2], ranked_ids=[[0, 1, 2, 3]] * 3, gate_logits=np.zeros((3, 2)))
+        w.write(seq=[0, 0, 0], pos=[0, 0, 0], layer=[0, 1, 2], ranked_ids=[[0, 1, 2, 3]] * 3,
+                gate_logits=np.zeros((3, 2)))
     t = pq.read_table(tmp_path / "t.parquet")
     raw = bytearray(t.column("ranked_ids")[1].as_py())
     for bad in (bytes([0, 0, 1, 2]), bytes([9, 1, 2, 3])):  # a repeated code; a code >= E

@@ -219,11 +219,13 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     base = base_scores(seed, L, E, names, kn)
     sigmoid = model.gating == "sigmoid"
     ranked = layout == "ranked"
+    gaps = ranked and not sigmoid and k > 1 and _power_of_two(kn.grid)
     path = Path(path)
     meta = TraceMeta(
         model_id=model.hf_id or model.name, family=model.family, n_experts=E, top_k=k,
         moe_layers=model.moe_layers, gating=model.gating, norm_topk_prob=model.norm_topk_prob, layout=layout,
-        n_candidates=M, logit_scale=kn.grid if ranked and not sigmoid and k > 1 and _power_of_two(kn.grid) else None, routed_scaling_factor=model.routed_scaling_factor, n_shared_experts=model.n_shared_experts,
+        n_candidates=M, logit_scale=kn.grid if gaps else None, routed_scaling_factor=model.routed_scaling_factor,
+        n_shared_experts=model.n_shared_experts,
         dense_layers=model.dense_layers, bytes_per_expert=model.bytes_per_expert_table(),
         n_group=model.n_group, topk_group=model.topk_group, synthetic=True,
         tracer={"name": GENERATOR, "version": f"{__version__} (generator {GENERATOR_VERSION})"},
