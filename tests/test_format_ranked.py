@@ -67,11 +67,13 @@ def test_synthetic_sparse_and_ranked_replay_identically(tmp_path, preset):
     assert ranked.stat().st_size < 0.6 * sparse.stat().st_size
 
 
-def test_shipped_trace_converts_and_replays_identically(shipped_trace, tmp_path):
-    out = compact_trace(shipped_trace, tmp_path / "c.parquet")
-    a, b = load_routing(shipped_trace), load_routing(out)
+def test_shipped_trace_equals_its_sparse_twin(shipped_trace, tmp_path):
+    """The shipped (ranked) trace and its recorded command with --layout sparse: the same routing."""
+    sparse = synthesize("qwen3-next-80b-a3b", 2000, seqs=4, seed=0, path=tmp_path / "s.parquet", layout="sparse")
+    a, b = load_routing(sparse), load_routing(shipped_trace)
     assert_same_routing(a, b)
     assert_same_replays(a, b, budget=0.25)
+    assert_same_routing(a, load_routing(compact_trace(sparse, tmp_path / "c.parquet")))
 
 
 @pytest.mark.parametrize("kind", ["logits", "selected", "weights", "dense"])
