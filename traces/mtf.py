@@ -9,65 +9,85 @@ group decodes on its own. Imported through moesim.jitcache.jitted (numba's cache
 """
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 
-@njit(cache=True)
-def encode(ids, layer, lists, where):
+@njit(cache=True, parallel=True, nogil=True)
+def encode(ids, layer, lists, where, n_layers):
     """Codes [n, M] (int32) of ranked ids [n, M] whose layer ordinals are ``layer`` [n]; updates the
-    state. Ids must be distinct within a row and in 0..E-1 (the caller checks)."""
+    state. Layers are independent, so they are coded in parallel. Returns (codes, the first row
+    whose ids repeat or leave 0..E-1, else n)."""
     n, m = ids.shape
     E = lists.shape[1]
     out = np.empty((n, m), np.int32)
-    mark = np.zeros(E, np.bool_)
-    for i in range(n):
-        lst = lists[layer[i]]
-        pos = where[layer[i]]
-        for r in range(m):
-            out[i, r] = pos[ids[i, r]]
-        _move_to_front(ids[i], lst, pos, mark)
-    return out
+    order = np.argsort(layer, kind="mergesort")  # rows of each layer, in file order
+    starts = np.searchsorted(layer[order], np.arange(n_layers + 1))
+    bad = np.full(n_layers, n, np.int64)
+    for l in prange(n_layers):
+        mark = np.zeros(E, np.int8)
+        tmp = np.empty(E, np.int32)
+        lst = lists[l]
+        pos = where[l]
+        for j in range(starts[l], starts[l + 1]):
+            i = order[j]
+            ok = True
+            for r in range(m):
+                e = ids[i, r]
+                if e < 0 or e >= E or mark[e]:
+                    ok = False
+                    break
+                mark[e] = 1
+                out[i, r] = pos[e]
+            if not ok:
+                bad[l] = i
+                break
+            _move_to_front(ids[i], lst, tmp, mark)
+            for q in range(E):
+                pos[lst[q]] = q
+    return out, bad.min()
 
 
 @njit(cache=True)
-def decode(codes, layer, lists, where):
-    """Ranked ids [n, M] (int32) of codes [n, M]; updates the state. Returns row -1 at the first row
-    whose codes are out of range or repeated (a damaged file), else n."""
+def decode(codes, layer, lists):
+    """Ranked ids [n, M] (int32) of codes [n, M]; updates the state. Returns (ids, the first row
+    whose codes are out of range or repeated, a damaged file, else n)."""
     n, m = codes.shape
     E = lists.shape[1]
     out = np.empty((n, m), np.int32)
-    mark = np.zeros(E, np.bool_)
+    mark = np.zeros(E, np.int8)
+    tmp = np.empty(E, np.int32)
     for i in range(n):
         lst = lists[layer[i]]
-        pos = where[layer[i]]
         for r in range(m):
             c = codes[i, r]
             if c < 0 or c >= E or mark[c]:
                 return out, i
-            mark[c] = True
-            out[i, r] = lst[c]
+            mark[c] = 1
         for r in range(m):
-            mark[codes[i, r]] = False
-        _move_to_front(out[i], lst, pos, mark)
+            mark[codes[i, r]] = 0
+            out[i, r] = lst[codes[i, r]]
+        for r in range(m):
+            mark[out[i, r]] = 1
+        _move_to_front(out[i], lst, tmp, mark)
     return out, n
 
 
 @njit(inline="always")
-def _move_to_front(row, lst, pos, mark):
+def _move_to_front(row, lst, tmp, mark):
+    """The row's ids (marked 1) to the front in rank order; the others keep their order behind them.
+    Clears the marks."""
     m = row.shape[0]
     E = lst.shape[0]
-    for r in range(m):
-        mark[row[r]] = True
-    # the experts not in the row keep their order, shifted behind the row's: walk from the back
+    # walk from the back into a scratch list: an unmarked expert takes slot j, a marked one is
+    # overwritten by the next (a separate buffer keeps the loads independent of the stores)
     j = E - 1
     for q in range(E - 1, -1, -1):
         e = lst[q]
-        if not mark[e]:
-            lst[j] = e
-            pos[e] = j
-            j -= 1
+        tmp[j] = e
+        j -= 1 - mark[e]
     for r in range(m):
         e = row[r]
-        lst[r] = e
-        pos[e] = r
-        mark[e] = False
+        tmp[r] = e
+        mark[e] = 0
+    for q in range(E):
+        lst[q] = tmp[q]

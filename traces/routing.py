@@ -256,19 +256,19 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray):
     cols = ["ranked_ids"] + ["gate_gaps"] * gaps + ["gate_logits"] * logits + ["selected"] * has_sel \
         + ["weights"] * has_w
     mtf = rk.codec()
-    lists = where = None
+    lists = None
     lay = np.ascontiguousarray(layer_ord, dtype=np.int32)
     start = 0
     for first, batch in tf.iter_group_batches(cols):
         n = batch.num_rows
         rows = slice(start, start + n)
         if first or lists is None:
-            lists, where = rk.new_state(L, E)
+            lists, _ = rk.new_state(L, E)
         col = batch.column("ranked_ids")
         if col.null_count:
             raise MoesimError(f"{tf.path}: column ranked_ids has missing values")
         codes = rk.unpack(rk.binary_rows(col, M * width), M, width)
-        ids, good = mtf.decode(codes, lay[rows], lists, where)
+        ids, good = mtf.decode(codes, lay[rows], lists)
         if good < n:
             raise MoesimError(f"{tf.path}: column ranked_ids row {start + good} holds a code out of 0..{E - 1} or "
                               "repeats one (damaged file)")

@@ -24,8 +24,10 @@ from moesim.traces.synth_presets import PRESETS, RoutingKnobs, preset_names
 from moesim.traces.writer import TraceWriter
 
 GENERATOR = "moesim-synth"
-GENERATOR_VERSION = 1
-CHUNK_TOKENS = 64  # tokens generated per block; fixed, so the random stream never depends on memory
+GENERATOR_VERSION = 2
+GENERATORS = (1, 2)  # 1: the original numpy generator, kept to rebuild traces it made
+CHUNK_TOKENS = 64  # generator 1: tokens per block; fixed, so the random stream never depends on memory
+CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per kernel call (any size: same trace)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -166,7 +168,8 @@ def log_sum_exp(x: np.ndarray) -> np.ndarray:
     return (mx[:, 0] + np.log(np.exp(x - mx).sum(axis=1)))
 
 
-def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0, layout="ranked") -> str:
+def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0, layout="ranked",
+                 generator=GENERATOR_VERSION) -> str:
     parts = ["moesim synth", f"--preset {preset}", f"--tokens {tokens}", f"--seqs {seqs}", f"--seed {seed}"]
     if domains is not None:
         parts.append(f"--domains {','.join(domains) if domains else 'none'}")
@@ -176,6 +179,8 @@ def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, pre
         parts.append(f"--prefill {prefill}")
     if layout != "ranked":
         parts.append(f"--layout {layout}")
+    if generator != GENERATOR_VERSION:
+        parts.append(f"--generator {generator}")
     parts.append(f"-o {path}")
     return " ".join(parts)
 
@@ -185,7 +190,8 @@ LAYOUTS = ("ranked", "sparse")
 
 def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: list[str] | None = None,
                path: str | os.PathLike = "synthetic.parquet", *, candidates: int | None = None, prefill: int = 0,
-               knobs: RoutingKnobs | None = None, command: str | None = None, layout: str = "ranked") -> Path:
+               knobs: RoutingKnobs | None = None, command: str | None = None, layout: str = "ranked",
+               generator: int = GENERATOR_VERSION) -> Path:
     """Write a synthetic trace and return its path: the compact ``ranked`` layout (the default:
     ranked candidates and the gate logits as gaps on the knobs' grid) or the ``sparse`` layout
     (every candidate's logit and the log-sum-exp over all E; same routing, same replays).
@@ -193,13 +199,17 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     ``domains``: None -> the preset's default domains; [] -> no domain structure (no domain column).
     ``candidates``: M stored per row (default: the preset's, capped at E). The first ``prefill``
     positions of every sequence are marked phase 'prefill', the rest 'decode'.
-    ``knobs`` overrides the preset's routing knobs (calibration experiments)."""
+    ``knobs`` overrides the preset's routing knobs (calibration experiments). ``generator`` 1 is the
+    original numpy implementation (same model, other random numbers, ~50x slower), kept so that
+    traces it wrote can be rebuilt byte for byte."""
     from moesim import __version__
     from moesim.costmodel.models import load_model
 
     check_args(preset, tokens, seqs, seed, domains, prefill)
     if layout not in LAYOUTS:
         raise MoesimError(f"unknown synthetic trace layout {layout!r} (use {' or '.join(LAYOUTS)})")
+    if generator not in GENERATORS:
+        raise MoesimError(f"unknown generator {generator!r} (use {' or '.join(map(str, GENERATORS))})")
     tokens, seqs, seed, prefill = int(tokens), int(seqs), int(seed), int(prefill)
     model = load_model(preset)
     kn = knobs if knobs is not None else PRESETS[preset]
@@ -228,42 +238,101 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
         n_shared_experts=model.n_shared_experts,
         dense_layers=model.dense_layers, bytes_per_expert=model.bytes_per_expert_table(),
         n_group=model.n_group, topk_group=model.topk_group, synthetic=True,
-        tracer={"name": GENERATOR, "version": f"{__version__} (generator {GENERATOR_VERSION})"},
+        tracer={"name": GENERATOR, "version": f"{__version__} (generator {generator})"},
         source={
             "preset": preset, "tokens": tokens, "seqs": seqs, "seed": seed,
             "domains": use_domains, "prefill": prefill, "candidates": M,
             "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill,
-                                               layout),
-            "generator": GENERATOR_VERSION, "knobs": kn.to_dict(),
+                                               layout, generator),
+            "generator": generator, "knobs": kn.to_dict(),
             "note": "synthetic routing from a generative model calibrated to published statistics; "
                     "not recorded from the model",
         },
     )
     layers = np.asarray(model.moe_layers, dtype=np.int16)
-    phase_names = np.array(["decode", "prefill"])
+    phase_codes = np.where(pos < prefill, 0, 1).astype(np.int8)  # codes into PHASES
+    chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked) if generator == 1 \
+        else _chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked)
     with TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
-                     weights=sigmoid) as writer:
-        for rows, scores in _scores(base, seq, pos, dom, kn, _rng(seed, "tokens")):
+                     weights=sigmoid, compression_level=3 if ranked else 9) as writer:
+        for rows, ids, top_q, q_full, lse in chunks:
             c = rows.stop - rows.start
-            q = _quantize(scores, kn).reshape(c * L, E)
-            ids, top_q = top_candidates(q, M)
-            x = q.astype(np.float64) * kn.grid
-            extra = {}
+            extra: dict = {}
             if sigmoid:
+                x = q_full.astype(np.float64) * kn.grid
                 sel, w = _sigmoid_route(x, k, model.n_group, model.topk_group, model.routed_scaling_factor)
                 extra = {"selected": sel, "weights": w}
             if with_column:
-                extra["domain"] = np.repeat(np.asarray(names)[dom[rows]], L)
+                extra["domain"] = np.repeat(dom[rows], L)
             if ranked:
                 extra.update(_ranked_columns(ids, top_q, kn.grid, k, model.gating, meta.logit_scale))
             else:
                 extra.update(top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32),
-                             lse=log_sum_exp(x).astype(np.float32))
+                             lse=lse.astype(np.float32))
             writer.write(
                 seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=np.tile(layers, c),
-                phase=np.repeat(phase_names[(pos[rows] < prefill).astype(np.int64)], L), **extra,
+                phase=np.repeat(phase_codes[rows], L), **extra,
             )
     return path
+
+
+def _chunks_v1(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool):
+    """Generator 1 (numpy): yield (token slice, ranked ids [n, M], their q [n, M], every q [n, E] or
+    None, lse [n] or None) per block of CHUNK_TOKENS tokens, n = tokens x layers."""
+    _, L, E = base.shape
+    for rows, scores in _scores(base, seq, pos, dom, kn, _rng(seed, "tokens")):
+        c = rows.stop - rows.start
+        q = _quantize(scores, kn).reshape(c * L, E)
+        ids, top_q = top_candidates(q, M)
+        yield rows, ids, top_q, q if full else None, log_sum_exp(q * kn.grid) if lse else None
+
+
+def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool):
+    """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
+    jitted and parallel over layers; same yields as _chunks_v1."""
+    from moesim.jitcache import jitted
+
+    kern = jitted("moesim.traces.synth_kernel")
+    D, L, E = base.shape
+    if E > 1 << kern.ID_BITS:
+        raise MoesimError(f"generator 2 handles up to {1 << kern.ID_BITS} experts, not {E}: use --generator 1")
+    T = len(seq)
+    key = np.uint64(_rng(seed, "tokens-v2").integers(0, 2**63))
+    ntab, gtab = _quantile_tables()
+    newseq = np.ones(T, dtype=np.bool_)
+    newseq[1:] = (pos[1:] == 0) | (seq[1:] != seq[:-1])
+    rho = min(max(float(kn.rho), 0.0), 0.9999)
+    innov = float(np.sqrt(1.0 - rho ** 2) * kn.drift)
+    z = np.zeros((L, E), dtype=np.float32)
+    width = min(E + 1, M + 24)
+    thr = np.full(L, np.iinfo(np.int32).max, dtype=np.int32)
+    chunk = max(1, CHUNK_ROWS_2 // L)
+    for start in range(0, T, chunk):
+        c = min(chunk, T - start)
+        keys = np.empty((c * L, width), dtype=np.int32)
+        counts = np.empty(c * L, dtype=np.int32)
+        q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
+        lse_out = np.empty(c * L if lse else 0, dtype=np.float64)
+        f32 = np.float32
+        kern.generate(key, start, L, base, dom[start:start + c].astype(np.int64), newseq[start:start + c], z,
+                      f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
+                      f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out)
+        keys.sort(axis=1)
+        best = keys[:, :M]
+        ids = (best & ((1 << kern.ID_BITS) - 1)).astype(np.int16)
+        top_q = kern.QMAX - (best >> kern.ID_BITS).astype(np.int64)
+        yield slice(start, start + c), ids, top_q, q_full if full else None, lse_out if lse else None
+
+
+_TABLES: dict = {}
+
+
+def _quantile_tables():
+    if not _TABLES:
+        from moesim.jitcache import jitted
+
+        _TABLES["t"] = jitted("moesim.traces.synth_kernel").tables()
+    return _TABLES["t"]
 
 
 def _power_of_two(x: float) -> bool:

@@ -85,8 +85,9 @@ class TraceWriter:
     def write(self, *, seq, pos, layer, phase="decode", logits=None, top_ids=None, top_logits=None, lse=None,
               counts=None, domain=None, token=None, selected=None, weights=None, ranked_ids=None, gate_gaps=None,
               gate_logits=None) -> None:
-        """Append rows. ``phase``/``domain`` are a name for all rows or an array of names
-        (``domain`` names must be among the writer's ``domains``). Cheap checks run here
+        """Append rows. ``phase``/``domain`` are a name for all rows, an array of names
+        (``domain`` names must be among the writer's ``domains``) or an integer array of codes
+        into PHASES / the writer's ``domains``. Cheap checks run here
         (lengths, layers, expert ids, finite scores) so a tracer bug fails at the source.
         Ranked layout: ``ranked_ids`` [n, M] best first (ties already broken), and ``gate_gaps``
         [n, k-1] (integer logit gaps between consecutive first-ranked experts, in logit_scale
@@ -134,9 +135,6 @@ class TraceWriter:
             ids = self._ids(ranked_ids, n, "ranked_ids")
             if ids.shape[1] != self.meta.n_candidates:
                 raise MoesimError(f"ranked_ids must hold M={self.meta.n_candidates} ids per row, got {ids.shape[1]}")
-            srt = np.sort(ids, axis=1)
-            if (srt[:, 1:] == srt[:, :-1]).any():
-                raise MoesimError("ranked_ids repeats an expert within a row")
             self._rk_ids.append(ids.astype(np.int32))
             self._rk_lay.append(self._lut[cols["layer"].to_numpy()])
             if self._gate == "gate_gaps":
@@ -217,6 +215,12 @@ class TraceWriter:
             if values not in lookup:
                 raise MoesimError(f"unknown {what} {values!r} (expected one of {', '.join(names)})")
             return np.full(n, lookup[values], dtype=np.int64)
+        if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+            # codes into `names` (a generator that already has them skips the string round trip)
+            codes = values.reshape(-1)
+            if len(codes) != n or (n and (codes.min() < 0 or codes.max() >= len(names))):
+                raise MoesimError(f"{what} codes must be one per row in 0..{len(names) - 1}")
+            return codes
         arr = np.asarray(values, dtype=object).reshape(-1)
         if len(arr) != n:
             raise MoesimError(f"{what} has {len(arr)} values for {n} rows")
@@ -249,7 +253,9 @@ class TraceWriter:
         while table.num_rows - start >= R or (final and start < table.num_rows):
             stop = min(start + R, table.num_rows)
             lists, where = rk.new_state(self.meta.n_layers, self.meta.n_experts)
-            codes = mtf.encode(ids[start:stop], lay[start:stop], lists, where)
+            codes, bad = mtf.encode(ids[start:stop], lay[start:stop], lists, where, self.meta.n_layers)
+            if bad < stop - start:
+                raise MoesimError(f"ranked_ids repeats an expert within a row (row {self.rows_written + bad})")
             group = table.slice(start, stop - start).add_column(
                 at, self.schema.field(at), rk.binary_column(rk.pack(codes, width)))
             self._pq.write_table(group, row_group_size=R)
@@ -261,7 +267,11 @@ class TraceWriter:
         self._rk_ids, self._rk_lay = [ids[start:]], [lay[start:]]
 
     def close(self) -> Path:
-        self._flush(final=True)
+        try:
+            self._flush(final=True)
+        except BaseException:
+            self.abort()
+            raise
         if self.rows_written == 0:
             self.abort()
             raise MoesimError(f"{self.path}: no rows were written; an empty trace is not published")
