@@ -70,10 +70,11 @@ def main() -> None:
     T = args.tokens
     files, routings = {}, {}
     for layout in ("sparse", "ranked"):
-        path, wall, cpu = timed(lambda: synthesize(args.preset, T, seed=0, path=tmp / f"{layout}.parquet",
-                                                   layout=layout))
+        target = tmp / f"{layout}.parquet"
+        path, wall, cpu = timed(lambda lay=layout, out=target: synthesize(args.preset, T, seed=0, path=out,
+                                                                          layout=lay))
         files[layout] = path
-        r, rwall, rcpu = timed(lambda: load_routing(path))
+        r, rwall, rcpu = timed(lambda p=path: load_routing(p))
         routings[layout] = r
         size = path.stat().st_size
         print(f"{layout:7s} {size / T:8.0f} B/token ({size / 1e6:.1f} MB): synth {T / wall:,.0f} tokens/s "

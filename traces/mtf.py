@@ -13,38 +13,62 @@ from numba import njit, prange
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def encode(ids, layer, lists, where, n_layers):
-    """Codes [n, M] (int32) of ranked ids [n, M] whose layer ordinals are ``layer`` [n]; updates the
-    state. Layers are independent, so they are coded in parallel. Returns (codes, the first row
-    whose ids repeat or leave 0..E-1, else n)."""
+def encode(ids, layer, where, n_layers):
+    """Codes [n, M] (int32) of ranked ids [n, M] whose layer ordinals are ``layer`` [n]; ``where``
+    [L, E] (each expert's position in its layer's list) is the state, updated. Layers are
+    independent, so they are coded in parallel. Returns (codes, the first row whose ids repeat or
+    leave 0..E-1, else n).
+
+    The list itself is not kept: an expert behind the moved ones shifts back by the number of
+    moved experts that were behind it, a popcount over a bitmap of their old positions."""
     n, m = ids.shape
-    E = lists.shape[1]
+    E = where.shape[1]
+    W = (E + 63) // 64
     out = np.empty((n, m), np.int32)
-    order = np.argsort(layer, kind="mergesort")  # rows of each layer, in file order
-    starts = np.searchsorted(layer[order], np.arange(n_layers + 1))
-    bad = np.full(n_layers, n, np.int64)
-    for l in prange(n_layers):
-        mark = np.zeros(E, np.int8)
-        tmp = np.empty(E, np.int32)
-        lst = lists[l]
-        pos = where[l]
-        for j in range(starts[l], starts[l + 1]):
-            i = order[j]
+    parts = 4  # layer classes coded in parallel; each scans the rows in file order, skipping others
+    bad = np.full(parts, n, np.int64)
+    for part in prange(parts):
+        bits = np.zeros(W + 1, np.uint64)
+        above = np.zeros(W + 1, np.int64)
+        for i in range(n):
+            if layer[i] % parts != part:
+                continue
+            wh = where[layer[i]]
+            for w in range(W + 1):
+                bits[w] = 0
             ok = True
             for r in range(m):
                 e = ids[i, r]
-                if e < 0 or e >= E or mark[e]:
+                if e < 0 or e >= E:
                     ok = False
                     break
-                mark[e] = 1
-                out[i, r] = pos[e]
+                p = wh[e]
+                one = np.uint64(1) << np.uint64(p & 63)
+                if bits[p >> 6] & one:
+                    ok = False  # a repeated id
+                    break
+                bits[p >> 6] |= one
+                out[i, r] = p
             if not ok:
-                bad[l] = i
+                bad[part] = i
                 break
-            _move_to_front(ids[i], lst, tmp, mark)
-            for q in range(E):
-                pos[lst[q]] = q
+            for w in range(W - 1, -1, -1):
+                above[w] = above[w + 1] + np.int64(_popcount(bits[w + 1]))
+            for e in range(E):
+                p = wh[e]
+                # moved experts behind p: later words, then the higher bits of p's word
+                wh[e] = p + above[p >> 6] + np.int64(_popcount((bits[p >> 6] >> np.uint64(p & 63)) >> np.uint64(1)))
+            for r in range(m):
+                wh[ids[i, r]] = r
     return out, bad.min()
+
+
+@njit(inline="always")
+def _popcount(x):
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)
 
 
 @njit(cache=True)

@@ -13,10 +13,10 @@ def codec():
 
 
 def new_state(n_layers: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
-    """(lists [L, E]: position -> expert, where [L, E]: expert -> position), every list 0..E-1:
-    the state at the first row of every row group."""
+    """(lists [L, E] int32: position -> expert, the decoder's state; where [L, E] int64: expert ->
+    position, the encoder's), every list 0..E-1: the state at the first row of every row group."""
     lists = np.tile(np.arange(n_experts, dtype=np.int32), (n_layers, 1))
-    return lists, lists.copy()
+    return lists, lists.astype(np.int64)
 
 
 def code_width(n_experts: int) -> int:

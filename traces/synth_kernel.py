@@ -122,3 +122,18 @@ def _exact(q, n, out):
     for j in range(n):
         out[j] = ks[j]
     return n, ks[n] if n < E else np.int32(2147483647)
+
+
+@njit(cache=True, nogil=True)
+def unpack_keys(keys, m):
+    """Sorted keys [n, >= m] -> (ids [n, m] int16, q [n, m] int32) of the m best."""
+    n = keys.shape[0]
+    ids = np.empty((n, m), np.int16)
+    q = np.empty((n, m), np.int32)
+    mask = (1 << ID_BITS) - 1
+    for i in range(n):
+        for j in range(m):
+            kk = keys[i, j]
+            ids[i, j] = kk & mask
+            q[i, j] = QMAX - (kk >> ID_BITS)
+    return ids, q

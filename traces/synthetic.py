@@ -200,7 +200,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     ``candidates``: M stored per row (default: the preset's, capped at E). The first ``prefill``
     positions of every sequence are marked phase 'prefill', the rest 'decode'.
     ``knobs`` overrides the preset's routing knobs (calibration experiments). ``generator`` 1 is the
-    original numpy implementation (same model, other random numbers, ~50x slower), kept so that
+    original numpy implementation (same model, other random numbers, ~10x slower), kept so that
     traces it wrote can be rebuilt byte for byte."""
     from moesim import __version__
     from moesim.costmodel.models import load_model
@@ -252,7 +252,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     layers = np.asarray(model.moe_layers, dtype=np.int16)
     phase_codes = np.where(pos < prefill, 0, 1).astype(np.int8)  # codes into PHASES
     chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked) if generator == 1 \
-        else _chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked)
+        else _ahead(_chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
     with TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
                      weights=sigmoid, compression_level=3 if ranked else 9) as writer:
         for rows, ids, top_q, q_full, lse in chunks:
@@ -292,6 +292,8 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
     jitted and parallel over layers; same yields as _chunks_v1."""
     from moesim.jitcache import jitted
 
+    # numba's OpenMP threads otherwise spin between kernel calls, taking a core from the writer
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     kern = jitted("moesim.traces.synth_kernel")
     D, L, E = base.shape
     if E > 1 << kern.ID_BITS:
@@ -317,11 +319,49 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
         kern.generate(key, start, L, base, dom[start:start + c].astype(np.int64), newseq[start:start + c], z,
                       f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
                       f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out)
-        keys.sort(axis=1)
-        best = keys[:, :M]
-        ids = (best & ((1 << kern.ID_BITS) - 1)).astype(np.int16)
-        top_q = kern.QMAX - (best >> kern.ID_BITS).astype(np.int64)
+        keys.sort(axis=1)  # numpy's vectorized sort of the ~M + 12 candidates per row
+        ids, top_q = kern.unpack_keys(keys, M)
         yield slice(start, start + c), ids, top_q, q_full if full else None, lse_out if lse else None
+
+
+def _ahead(chunks, depth: int = 2):
+    """Run a chunk generator in a thread, ``depth`` chunks ahead, so that generating (numba and
+    numpy release the GIL) overlaps with encoding and compressing the previous chunks."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def run():
+        try:
+            for item in chunks:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as exc:  # handed to the consumer
+            q.put(exc)
+
+    t = threading.Thread(target=run, name="moesim-synth", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join()
 
 
 _TABLES: dict = {}

@@ -132,10 +132,12 @@ class TraceWriter:
                                              np.float32)
             cols["lse"] = pa.array(self._broadcast(self._finite(lse, None, "lse").astype(np.float32), n, "lse"))
         elif layout == "ranked":
-            ids = self._ids(ranked_ids, n, "ranked_ids")
-            if ids.shape[1] != self.meta.n_candidates:
-                raise MoesimError(f"ranked_ids must hold M={self.meta.n_candidates} ids per row, got {ids.shape[1]}")
-            self._rk_ids.append(ids.astype(np.int32))
+            ids = np.asarray(ranked_ids)
+            if ids.ndim != 2 or ids.shape != (n, self.meta.n_candidates) or (ids.size and ids.dtype.kind not in "iu"):
+                raise MoesimError(f"ranked_ids must be integer expert ids, M={self.meta.n_candidates} per row, "
+                                  f"got an array of shape {ids.shape}")
+            # ids out of 0..E-1 or repeated in a row are caught by the move-to-front coder at the flush
+            self._rk_ids.append(ids.astype(np.int32, copy=False))
             self._rk_lay.append(self._lut[cols["layer"].to_numpy()])
             if self._gate == "gate_gaps":
                 g = np.asarray(gate_gaps)
@@ -252,10 +254,11 @@ class TraceWriter:
         start = 0
         while table.num_rows - start >= R or (final and start < table.num_rows):
             stop = min(start + R, table.num_rows)
-            lists, where = rk.new_state(self.meta.n_layers, self.meta.n_experts)
-            codes, bad = mtf.encode(ids[start:stop], lay[start:stop], lists, where, self.meta.n_layers)
+            _, where = rk.new_state(self.meta.n_layers, self.meta.n_experts)
+            codes, bad = mtf.encode(ids[start:stop], lay[start:stop], where, self.meta.n_layers)
             if bad < stop - start:
-                raise MoesimError(f"ranked_ids repeats an expert within a row (row {self.rows_written + bad})")
+                raise MoesimError(f"ranked_ids repeats an expert within a row or holds one outside "
+                                  f"0..{self.meta.n_experts - 1} (row {self.rows_written + bad})")
             group = table.slice(start, stop - start).add_column(
                 at, self.schema.field(at), rk.binary_column(rk.pack(codes, width)))
             self._pq.write_table(group, row_group_size=R)
