@@ -180,3 +180,26 @@ def test_metadata_rules(tmp_path):
     assert TraceMeta.from_json(m.to_json()) == m
     v1 = dataclasses.replace(m, layout="sparse", schema_version=1)
     assert '"schema_version": 1' in v1.to_json() and "logit_scale" not in v1.to_json()
+
+
+def test_gaps_wider_than_a_byte(tmp_path):
+    """Grid logits whose gaps pass 255 grid units (the high bytes go to gate_gaps_high, null in the
+    other rows) convert exactly."""
+    with seeded_rng("wide gaps") as rng:
+        E, M, L, n_tok = 12, 6, 2, 40
+        meta = TraceMeta(model_id="t/m", family="qwen3_moe", n_experts=E, top_k=3, moe_layers=(0, 1),
+                         n_candidates=M)
+        q = rng.integers(-300, 300, size=(n_tok * L, E))
+        q[::7, 3] += 5000  # a dominant expert: first gap of thousands of grid units
+        logits = q / 32.0
+        ids = np.argsort(-logits, axis=1, kind="stable")[:, :M]
+        with TraceWriter(tmp_path / "s.parquet", meta) as w:
+            w.write(seq=np.zeros(n_tok * L, int), pos=np.repeat(np.arange(n_tok), L), layer=np.tile([0, 1], n_tok),
+                    top_ids=ids, top_logits=np.take_along_axis(logits, ids, axis=1),
+                    lse=np.log(np.exp(logits - logits.max(axis=1, keepdims=True)).sum(axis=1)) + logits.max(axis=1))
+    out = compact_trace(tmp_path / "s.parquet", tmp_path / "c.parquet")
+    tf = TraceFile(out)
+    assert tf.meta.logit_scale == 1 / 32
+    high = tf._pf.read(columns=["gate_gaps_high"]).column(0)
+    assert 0 < high.null_count < len(high)
+    assert_same_routing(load_routing(tmp_path / "s.parquet"), load_routing(out))

@@ -40,13 +40,33 @@ def unpack(raw: np.ndarray, m: int, width: int) -> np.ndarray:
     return raw[:, :m].astype(np.int32) | (raw[:, m:].astype(np.int32) << 8)
 
 
-def binary_column(raw: np.ndarray):
-    """Bytes [n, w] as an Arrow fixed_size_binary(w) array, without copying per row."""
+def binary_column(raw: np.ndarray, valid: np.ndarray | None = None):
+    """Bytes [n, w] as an Arrow fixed_size_binary(w) array, without copying per row; rows where
+    ``valid`` is False are null."""
     import pyarrow as pa
 
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    nulls = -1 if valid is None else int((~valid).sum())
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(raw.shape[1]), raw.shape[0],
-                                                [None, pa.py_buffer(raw)])
+                                                [bitmap, pa.py_buffer(raw)], null_count=nulls)
+
+
+def gap_columns(gaps: np.ndarray):
+    """Gaps [n, k-1] in 0..65535 as (gate_gaps: the low bytes, gate_gaps_high: the high bytes,
+    null in rows whose gaps all fit a byte)."""
+    g = np.asarray(gaps)
+    high = (g >> 8).astype(np.uint8)
+    return binary_column((g & 0xFF).astype(np.uint8)), binary_column(high, high.any(axis=1))
+
+
+def gaps_of(low_col, high_col, width: int) -> np.ndarray:
+    """Inverse of gap_columns: int32 [n, width]."""
+    g = binary_rows(low_col, width).astype(np.int32)
+    if high_col is not None and high_col.null_count < len(high_col):
+        rows = np.asarray(high_col.is_valid())
+        g[rows] |= binary_rows(high_col, width)[rows].astype(np.int32) << 8
+    return g
 
 
 def binary_rows(col, width: int) -> np.ndarray:

@@ -119,7 +119,7 @@ class TraceFile:
         meta = self.meta
         want = {"ranked_ids": meta.n_candidates * code_width(meta.n_experts)}
         if meta.logit_scale is not None:
-            want["gate_gaps"] = 2 * (meta.top_k - 1)
+            want["gate_gaps"] = want["gate_gaps_high"] = meta.top_k - 1
         elif "weights" not in names and "gate_logits" not in names:
             raise MoesimError(f"{self.path}: a ranked trace needs gate_logits, gate_gaps or weights for its "
                               "gate weights")

@@ -253,7 +253,7 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray):
     logits = not gaps and not has_w
     stored = meta.tie_order == "stored"
     width = rk.code_width(E)
-    cols = ["ranked_ids"] + ["gate_gaps"] * gaps + ["gate_logits"] * logits + ["selected"] * has_sel \
+    cols = ["ranked_ids"] + ["gate_gaps", "gate_gaps_high"] * gaps + ["gate_logits"] * logits + ["selected"] * has_sel \
         + ["weights"] * has_w
     mtf = rk.codec()
     lists = None
@@ -284,7 +284,7 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray):
             gcol = batch.column("gate_gaps")
             if gcol.null_count:
                 raise MoesimError(f"{tf.path}: column gate_gaps has missing values")
-            g = rk.unpack(rk.binary_rows(gcol, 2 * (k - 1)), k - 1, 2)
+            g = rk.gaps_of(gcol, batch.column("gate_gaps_high"), k - 1)
             x = np.zeros((n, k), dtype=np.float64)
             # logits relative to the first-ranked one: softmax gate weights do not change under a shift
             np.cumsum(-g, axis=1, out=x[:, 1:])

@@ -30,7 +30,7 @@ def required_columns(meta: TraceMeta) -> tuple[str, ...]:
     keys = KEY_COLUMNS if meta.layout == "counts" else REQUIRED_COLUMNS
     cols = LAYOUT_COLUMNS[meta.layout]
     if meta.layout == "ranked" and meta.logit_scale is not None:
-        cols = (*cols, "gate_gaps")
+        cols = (*cols, "gate_gaps", "gate_gaps_high")
     return (*keys, *cols)
 
 
@@ -72,7 +72,9 @@ def arrow_schema(meta: TraceMeta, *, domain: bool, token: bool, selected: bool, 
                                nullable=False))
         gate = gate_column(meta, weights)
         if gate == "gate_gaps":
-            fields.append(pa.field("gate_gaps", pa.binary(2 * (meta.top_k - 1)), nullable=False))
+            # low bytes; the high bytes only in the rare rows with a gap >= 256 (null elsewhere: no bytes)
+            fields += [pa.field("gate_gaps", pa.binary(meta.top_k - 1), nullable=False),
+                       pa.field("gate_gaps_high", pa.binary(meta.top_k - 1))]
         elif gate == "gate_logits":
             fields.append(pa.field("gate_logits", pa.list_(pa.float32(), meta.top_k), nullable=False))
     else:

@@ -144,7 +144,7 @@ class TraceWriter:
                 if g.shape != (n, self.meta.top_k - 1) or (g.size and (g.dtype.kind not in "iu" or g.min() < 0
                                                                         or g.max() > 0xFFFF)):
                     raise MoesimError(f"gate_gaps must be integers in 0..65535, {self.meta.top_k - 1} per row")
-                cols["gate_gaps"] = rk.binary_column(rk.pack(g, 2))
+                cols["gate_gaps"], cols["gate_gaps_high"] = rk.gap_columns(g)
             elif self._gate == "gate_logits":
                 cols["gate_logits"] = _fixed_list(self._finite(gate_logits, n, "gate_logits"), self.meta.top_k,
                                                   np.float32)
