@@ -57,7 +57,7 @@ def gap_columns(gaps: np.ndarray):
     null in rows whose gaps all fit a byte)."""
     g = np.asarray(gaps)
     high = (g >> 8).astype(np.uint8)
-    return binary_column((g & 0xFF).astype(np.uint8)), binary_column(high, high.any(axis=1))
+    return binary_column((g & 0xFF).astype(np.uint8)), binary_column(high, np.asarray(high.any(axis=1)))
 
 
 def gaps_of(low_col, high_col, width: int) -> np.ndarray:
