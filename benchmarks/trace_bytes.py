@@ -45,7 +45,7 @@ def substitution_depth(routing, budgets=(0.05, 0.125, 0.25, 0.5)) -> list[str]:
     lines = []
     for b in budgets:
         for ev, miss in (("lru", "substitute"), ("freq", "threshold:0.15")):
-            res = simulate(routing, SimConfig(eviction=ev, miss=miss, budget=b), record=True)
+            res = simulate(routing, SimConfig(eviction=ev, miss=miss, budget=b, warm=True), record=True)
             sub = res.decisions.substitute  # [T, L, k] expert or -1
             t, l, _ = np.nonzero(sub >= 0)
             if not len(t):
@@ -87,7 +87,7 @@ def main() -> None:
     print(f"same routing: {same}; ranked / sparse bytes: "
           f"{files['ranked'].stat().st_size / files['sparse'].stat().st_size:.2f}")
     if args.depth:
-        print("substitution depth (ranked candidates, cold start):")
+        print("substitution depth (ranked candidates, warm start):")
         print("\n".join(substitution_depth(b)))
 
 
