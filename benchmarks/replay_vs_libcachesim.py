@@ -65,7 +65,7 @@ def main():
     ap.add_argument("--capacity", type=int, default=128)
     ap.add_argument("--zipf", type=float, default=0.8)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--policies", default="lru,fifo,lfu,belady")
+    ap.add_argument("--policies", default="lru,fifo,lfu,belady,arc,s3fifo,sieve,clock")
     args = ap.parse_args()
 
     import libcachesim as lcs
@@ -75,7 +75,8 @@ def main():
     n = len(stream)
     tmp = Path(tempfile.mkdtemp()) / "stream.oracle"
     oracle_trace(tmp, stream)
-    classes = {"lru": lcs.LRU, "lfu": lcs.LFU, "fifo": lcs.FIFO, "belady": lcs.Belady}
+    classes = {"lru": lcs.LRU, "lfu": lcs.LFU, "fifo": lcs.FIFO, "belady": lcs.Belady, "arc": lcs.ARC,
+               "s3fifo": lcs.S3FIFO, "sieve": lcs.Sieve, "clock": lcs.Clock}
     print(f"stream: {n:,} requests, {args.experts} experts, top-{args.k}, capacity {args.capacity}, "
           f"best of {args.repeat}")
     print(f"{'policy':8} {'libCacheSim Mreq/s':>19} {'moesim Mreq/s':>14} {'ratio':>6}  misses (equal?)")

@@ -20,13 +20,14 @@ import numpy as np
 from moesim.costmodel.hardware import GB, load_hardware
 from moesim.costmodel.timing import estimate
 from moesim.errors import MoesimError
+from moesim.files import read_text
 
 LLAMA_BENCH_QUANTS = {"Q4_K - Medium": "q4_k_m", "Q8_0": "q8_0", "IQ4_XS - 4.25 bpw": "iq4_xs", "MXFP4 MoE": "mxfp4",
                       "BF16": "bf16", "F16": "fp16", "Q4_K - Small": "q4_k"}
 
 
 def read_runs(path: str | Path, model: str | None = None) -> list[dict]:
-    text = Path(path).read_text()
+    text = read_text(path, "runs file")
     if text.lstrip().startswith("|") or "| t/s" in text:
         return _llama_bench(text, model)
     rows = list(csv.DictReader(text.splitlines()))

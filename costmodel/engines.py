@@ -10,12 +10,12 @@ overlap, step pinning) go in the same files.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 
 DEFAULT_ENGINE = "ideal"
 MISSES = ("any", "cpu", "fetch")
@@ -71,11 +71,7 @@ def load_engine(name_or_path: str | EngineProfile | None) -> EngineProfile:
         path = _preset_dir() / f"{name}.toml"
         if not path.is_file():
             raise MoesimError(f"unknown engine {name!r} (known: {', '.join(engine_names())})")
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
-    return _parse(doc, path)
+    return _parse(read_toml(path, "engine profile"), path)
 
 
 def _parse(doc: dict, path: Path) -> EngineProfile:
@@ -89,12 +85,18 @@ def _parse(doc: dict, path: Path) -> EngineProfile:
         bad("name must be a non-empty string")
     for key, allowed in (("miss", MISSES), ("placement", PLACEMENTS), ("copy", COPIES)):
         if key in doc and doc[key] not in allowed:
-            bad(f"{key} must be one of {', '.join(allowed)} (got {doc[key]!r})")
+            bad(f"{key} must be one of {', '.join(allowed)} (got {doc[key]!r:.80})")
     for key in ("gpu_layer_us", "cpu_layer_us", "cpu_stream_fraction", "numa_gain", "nvme_read_kib",
                 "nvme_queue_depth"):
         v = doc.get(key, 0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            bad(f"{key} must be a number >= 0 (got {v!r})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e9:  # refuses nan and inf
+            bad(f"{key} must be a number in 0..1e9 (got {v!r:.80})")
+    for key in ("nvme_read_kib", "nvme_queue_depth"):
+        if key in doc and not float(doc[key]).is_integer():
+            bad(f"{key} must be a whole number (got {doc[key]!r})")
+    for key in ("description", "source"):
+        if key in doc and not isinstance(doc[key], str):
+            bad(f"{key} must be a string")
     for key in ("cpu_stream_fraction", "numa_gain"):
         if key in doc and not 0 < doc[key] <= 1 and not (key == "numa_gain" and doc[key] == 0):
             bad(f"{key} must be in (0, 1] (got {doc[key]})")

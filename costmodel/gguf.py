@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moesim.costmodel.models import GROUPS, ModelPreset
+from moesim.costmodel.models import GROUPS, ModelPreset, check_sizes
 from moesim.errors import MoesimError
 
 FILE_QUANT = "gguf"
@@ -70,6 +70,8 @@ def load_gguf(path: str | Path) -> ModelPreset:
     hidden = int(key("embedding_length"))
     expert_ff = int(key("expert_feed_forward_length", 0)) or int(key("feed_forward_length"))
     heads = int(key("attention.head_count"))
+    if heads < 1 or hidden < 1:
+        raise MoesimError(f"{path}: GGUF header gives {heads} attention heads and embedding length {hidden}")
     kv_heads = int(header.get(f"{arch}.attention.head_count_kv", heads))
     head_dim = int(header.get(f"{arch}.attention.key_length", hidden // heads))
     vocab = int(header.get(f"{arch}.vocab_size", 0))
@@ -96,6 +98,7 @@ def load_gguf(path: str | Path) -> ModelPreset:
                                              "head_dim": head_dim},
         native_quant=FILE_QUANT, path=str(path),
     )
+    check_sizes(m, path)  # before anything loops over the layers a forged header claims
     # bits per group so that the preset's own parameter counts reproduce the file's bytes exactly
     geometry = m.param_groups()
     bits = {}

@@ -10,16 +10,17 @@ sub-table of each tier says where each number comes from (spec sheet, measured, 
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 
 GIB = 2 ** 30
 GB = 1e9
 
+MAX_VALUE = 1e9  # bound on every number of a machine file (an exabyte of GiB, 1e9 GB/s, 17 minutes in us)
 # PCIe transfer rate per lane (GT/s) and line-code efficiency, by generation (PCI-SIG base specifications).
 PCIE_GT_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 PCIE_ENCODING = {1: 8 / 10, 2: 8 / 10, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}
@@ -215,11 +216,7 @@ def load_hardware(name_or_path: str | HardwarePreset) -> HardwarePreset:
     if isinstance(name_or_path, HardwarePreset):
         return name_or_path
     path = hardware_path(str(name_or_path))
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
-    return _parse(doc, path)
+    return _parse(read_toml(path, "hardware file"), path)
 
 
 def _parse(doc: dict, path: Path) -> HardwarePreset:
@@ -281,7 +278,9 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
             return default
         v = t[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            bad(f"[{table}] {key} must be a number (got {v!r})")
+            bad(f"[{table}] {key} must be a number (got {v!r:.80})")
+        if v > MAX_VALUE:  # GiB, GB/s, us or TFLOP/s: beyond this a typo, and products overflow to inf
+            bad(f"[{table}] {key} must be <= {MAX_VALUE:g} (got {v})")
         if v < 0 or (positive and v == 0):
             bad(f"[{table}] {key} must be {'> 0' if positive else '>= 0'} (got {v})")
         if at_most is not None and v > at_most:
@@ -324,8 +323,8 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
         vram = tier("vram")
         lt = doc["link"]
         kind = lt["kind"]
-        if kind not in ("pcie", "unified"):
-            bad(f"[link] kind must be 'pcie' or 'unified' (got {kind!r})")
+        if not isinstance(kind, str) or kind not in ("pcie", "unified"):
+            bad(f"[link] kind must be 'pcie' or 'unified' (got {kind!r:.80})")
         use_pinned = lt.get("use_pinned", True)
         if "use_pinned" not in lt:
             defaults["link.use_pinned"] = DEFAULTS[("link", "use_pinned")]
@@ -336,10 +335,10 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
                 if key not in lt:
                     bad(f"missing key {key!r} in [link] (needed for kind = 'pcie')")
             gen, lanes = lt["pcie_gen"], lt["lanes"]
-            if gen not in PCIE_GT_S or isinstance(gen, bool):
-                bad(f"[link] pcie_gen must be one of {', '.join(map(str, PCIE_GT_S))} (got {gen!r})")
-            if lanes not in PCIE_LANES or isinstance(lanes, bool):
-                bad(f"[link] lanes must be one of {', '.join(map(str, PCIE_LANES))} (got {lanes!r})")
+            if not isinstance(gen, int) or isinstance(gen, bool) or gen not in PCIE_GT_S:
+                bad(f"[link] pcie_gen must be one of {', '.join(map(str, PCIE_GT_S))} (got {gen!r:.80})")
+            if not isinstance(lanes, int) or isinstance(lanes, bool) or lanes not in PCIE_LANES:
+                bad(f"[link] lanes must be one of {', '.join(map(str, PCIE_LANES))} (got {lanes!r:.80})")
             raw = PCIE_GT_S[gen] * lanes * PCIE_ENCODING[gen] / 8 * GB
             pinned = raw * num("link", "pinned_efficiency", positive=True, at_most=1.0)
             pageable = raw * num("link", "pageable_efficiency", positive=True, at_most=1.0)
@@ -355,11 +354,9 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
         flops = num("gpu", "fp16_tflops", positive=True) * num("gpu", "compute_efficiency", positive=True, at_most=1.0)
 
     ct = doc["cpu"]
-    sockets = ct.get("sockets", None)
-    if sockets is None:
-        sockets = num("cpu", "sockets")
-    if isinstance(sockets, bool) or not float(sockets).is_integer() or sockets < 1:
-        bad(f"[cpu] sockets must be a whole number >= 1 (got {sockets!r})")
+    sockets = num("cpu", "sockets")
+    if not sockets.is_integer() or not 1 <= sockets <= 64:
+        bad(f"[cpu] sockets must be a whole number in 1..64 (got {sockets!r})")
     cores = num("cpu", "cores")
     if not float(cores).is_integer():
         bad(f"[cpu] cores must be a whole number (got {cores!r})")

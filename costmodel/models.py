@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 
 _G = ("expert", "dense", "router", "embed", "lm_head", "small")
 GROUPS = _G
@@ -298,13 +299,79 @@ def model_names() -> list[str]:
     return sorted(p.stem for p in _preset_dir().glob("*.toml"))
 
 
-def _layers(spec, n_layers: int) -> tuple[int, ...]:
+def _layers(spec, n_layers: int, path: Path) -> tuple[int, ...]:
+    """moe_layers: "all", "A-B" or a list of layer indices, each in 0..n_layers-1 (checked before any range is
+    built, so a typo cannot allocate a billion-entry tuple)."""
+    def bad():
+        raise MoesimError(f"{path}: moe.moe_layers must be \"all\", \"A-B\" or a list of layer indices in "
+                          f"0..{n_layers - 1} (got {spec!r:.80})")
+
     if spec == "all":
         return tuple(range(n_layers))
-    if isinstance(spec, str) and "-" in spec:
-        a, b = spec.split("-")
-        return tuple(range(int(a), int(b) + 1))
-    return tuple(int(x) for x in spec)
+    if isinstance(spec, str):
+        a, sep, b = spec.partition("-")
+        if not (sep and a.strip().isdigit() and b.strip().isdigit()):
+            bad()
+        lo, hi = int(a), int(b)
+        if not 0 <= lo <= hi < n_layers:
+            bad()
+        return tuple(range(lo, hi + 1))
+    if not isinstance(spec, list) or len(spec) > n_layers:
+        bad()
+    out = tuple(_whole(x, "moe.moe_layers", path, 0, n_layers - 1) for x in spec)
+    if len(set(out)) != len(out):
+        bad()
+    return out
+
+
+# Bounds on every size a model file gives: far above any real model (DeepSeek-V3: 61 layers, 256 experts, hidden
+# 7168, vocabulary 129280), low enough that a typo cannot make moesim allocate gigabytes or loop for minutes.
+SIZE_BOUNDS = {
+    "n_layers": (1, 1024), "n_experts": (1, 32767), "top_k": (1, 32767), "moe_intermediate_size": (1, 1 << 22),
+    "hidden_size": (1, 1 << 20), "vocab_size": (1, 1 << 24), "n_shared_experts": (0, 1024),
+    "shared_expert_intermediate_size": (0, 1 << 22), "dense_intermediate_size": (0, 1 << 22),
+    "n_group": (1, 32767), "topk_group": (1, 32767),
+}
+_ATTN_INTS = {"n_heads": (1, 1 << 16), "n_kv_heads": (1, 1 << 16), "head_dim": (1, 1 << 16),
+              "q_lora_rank": (0, 1 << 20), "kv_lora_rank": (1, 1 << 20), "qk_nope_head_dim": (0, 1 << 16),
+              "qk_rope_head_dim": (0, 1 << 16), "v_head_dim": (1, 1 << 16), "sliding_window": (1, 1 << 31),
+              "sliding_every": (0, 1024), "full_attention_interval": (1, 1024), "linear_n_key_heads": (1, 1 << 16),
+              "linear_n_value_heads": (1, 1 << 16), "linear_key_head_dim": (1, 1 << 16),
+              "linear_value_head_dim": (1, 1 << 16), "linear_conv_kernel": (1, 1024)}
+_ATTN_BOOLS = ("bias", "sinks", "output_gate")
+
+
+def _whole(v, name: str, path: Path, lo: int, hi: int) -> int:
+    """An integer in [lo, hi]; a float only if it is whole (``top_k = 8.9`` is an error, not 8)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise MoesimError(f"{path}: {name} must be a whole number (got {v!r:.80})")
+    if not lo <= v <= hi:
+        raise MoesimError(f"{path}: {name} must be between {lo} and {hi} (got {v!r})")
+    return int(v)
+
+
+def _real(v, name: str, path: Path, lo: float = 0.0, hi: float = 1e15) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:  # also refuses nan and inf
+        raise MoesimError(f"{path}: {name} must be a number between {lo:g} and {hi:g} (got {v!r:.80})")
+    return float(v)
+
+
+def _flag(v, name: str, path: Path) -> bool:
+    if not isinstance(v, bool):
+        raise MoesimError(f"{path}: {name} must be true or false (got {v!r:.80})")
+    return v
+
+
+def _text(v, name: str, path: Path) -> str:
+    if not isinstance(v, str):
+        raise MoesimError(f"{path}: {name} must be a string (got {v!r:.80})")
+    return v
+
+
+def _table(v, name: str, path: Path) -> dict:
+    if not isinstance(v, dict):
+        raise MoesimError(f"{path}: [{name}] must be a table")
+    return v
 
 
 def _check_keys(table: dict, allowed: set, where: str, path: Path) -> None:
@@ -333,42 +400,61 @@ def load_model(name_or_path: str) -> ModelPreset:
         path = _preset_dir() / f"{name_or_path}.toml"
         if not path.exists():
             raise MoesimError(f"unknown model preset {name_or_path!r} (known: {', '.join(model_names())})")
-    try:
-        doc = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
+    doc = read_toml(path, "model file")
     try:
         _check_keys(doc, _TOP_KEYS, "", path)
-        moe, dense = doc["moe"], doc["dense"]
+        moe, dense = _table(doc["moe"], "moe", path), _table(doc["dense"], "dense", path)
         _check_keys(moe, _MOE_KEYS, "moe.", path)
         _check_keys(dense, _DENSE_KEYS, "dense.", path)
-        attention = dict(doc.get("attention", {}))
+        attention = dict(_table(doc.get("attention", {}), "attention", path))
         _check_keys(attention, _ATTN_KEYS, "attention.", path)
+        for key, value in attention.items():
+            if key in _ATTN_INTS:
+                attention[key] = _whole(value, f"attention.{key}", path, *_ATTN_INTS[key])
+            elif key in _ATTN_BOOLS:
+                _flag(value, f"attention.{key}", path)
+            else:
+                _text(value, f"attention.{key}", path)
+
+        def size(table: dict, where: str, key: str, default=None) -> int:
+            if key not in table:
+                if default is None:
+                    raise KeyError(key)
+                return default
+            return _whole(table[key], f"{where}{key}", path, *SIZE_BOUNDS[key])
+
+        n_layers = size(moe, "moe.", "n_layers")
         m = ModelPreset(
-            name=doc["name"], hf_id=doc.get("hf_id", ""), family=doc["family"], source=doc.get("source", ""),
-            n_layers=int(moe["n_layers"]), moe_layers=_layers(moe.get("moe_layers", "all"), int(moe["n_layers"])),
-            n_experts=int(moe["n_experts"]), top_k=int(moe["top_k"]), gating=moe["gating"],
-            norm_topk_prob=bool(moe.get("norm_topk_prob", True)),
-            moe_intermediate_size=int(moe["moe_intermediate_size"]), hidden_size=int(dense["hidden_size"]),
-            vocab_size=int(dense["vocab_size"]), n_shared_experts=int(moe.get("n_shared_experts", 0)),
-            shared_expert_intermediate_size=int(moe.get("shared_expert_intermediate_size", 0)),
-            dense_intermediate_size=int(moe.get("dense_intermediate_size", 0)),
-            routed_scaling_factor=float(moe.get("routed_scaling_factor", 1.0)),
-            n_group=int(moe.get("n_group", 1)), topk_group=int(moe.get("topk_group", 1)),
-            glu=bool(moe.get("glu", True)), tie_word_embeddings=bool(dense.get("tie_word_embeddings", False)),
-            total_params_b=float(doc.get("total_params_b", 0.0)), attention=attention,
-            active_params_b=float(doc.get("active_params_b", 0.0)),
-            active_params_convention=str(doc.get("active_params_convention", "with_embeddings")),
-            active_params_source=str(doc.get("active_params_source", "")),
-            native_quant=str(doc.get("native_quant", "bf16")),
-            expert_bias=bool(moe.get("expert_bias", False)), router_bias=bool(moe.get("router_bias", False)),
-            shared_expert_gate=bool(moe.get("shared_expert_gate", False)),
+            name=_text(doc["name"], "name", path), hf_id=_text(doc.get("hf_id", ""), "hf_id", path),
+            family=_text(doc["family"], "family", path), source=_text(doc.get("source", ""), "source", path),
+            n_layers=n_layers, moe_layers=_layers(moe.get("moe_layers", "all"), n_layers, path),
+            n_experts=size(moe, "moe.", "n_experts"), top_k=size(moe, "moe.", "top_k"),
+            gating=_text(moe["gating"], "moe.gating", path),
+            norm_topk_prob=_flag(moe.get("norm_topk_prob", True), "moe.norm_topk_prob", path),
+            moe_intermediate_size=size(moe, "moe.", "moe_intermediate_size"),
+            hidden_size=size(dense, "dense.", "hidden_size"), vocab_size=size(dense, "dense.", "vocab_size"),
+            n_shared_experts=size(moe, "moe.", "n_shared_experts", 0),
+            shared_expert_intermediate_size=size(moe, "moe.", "shared_expert_intermediate_size", 0),
+            dense_intermediate_size=size(moe, "moe.", "dense_intermediate_size", 0),
+            routed_scaling_factor=_real(moe.get("routed_scaling_factor", 1.0), "moe.routed_scaling_factor", path,
+                                        1e-9, 1e6),
+            n_group=size(moe, "moe.", "n_group", 1), topk_group=size(moe, "moe.", "topk_group", 1),
+            glu=_flag(moe.get("glu", True), "moe.glu", path),
+            tie_word_embeddings=_flag(dense.get("tie_word_embeddings", False), "dense.tie_word_embeddings", path),
+            total_params_b=_real(doc.get("total_params_b", 0.0), "total_params_b", path, 0.0, 1e6),
+            attention=attention,
+            active_params_b=_real(doc.get("active_params_b", 0.0), "active_params_b", path, 0.0, 1e6),
+            active_params_convention=_text(doc.get("active_params_convention", "with_embeddings"),
+                                           "active_params_convention", path),
+            active_params_source=_text(doc.get("active_params_source", ""), "active_params_source", path),
+            native_quant=_text(doc.get("native_quant", "bf16"), "native_quant", path),
+            expert_bias=_flag(moe.get("expert_bias", False), "moe.expert_bias", path),
+            router_bias=_flag(moe.get("router_bias", False), "moe.router_bias", path),
+            shared_expert_gate=_flag(moe.get("shared_expert_gate", False), "moe.shared_expert_gate", path),
             quants=_model_quants(doc.get("quant", {}), path), path=str(path),
         )
     except KeyError as exc:
         raise MoesimError(f"{path}: model preset is missing required key {exc.args[0]!r}") from None
-    except (ValueError, TypeError) as exc:
-        raise MoesimError(f"{path}: not a valid model preset ({exc})") from None
     _validate_model(m, path)
     return m
 
@@ -403,13 +489,19 @@ def _model_quants(tables: dict, path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def check_sizes(m: ModelPreset, path) -> None:
+    """Every size within SIZE_BOUNDS (a model file or a GGUF header alike)."""
+    for name, (lo, hi) in SIZE_BOUNDS.items():
+        v = getattr(m, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise MoesimError(f"{path}: {name} must be a whole number between {lo} and {hi} (got {v!r})")
+
+
 def _validate_model(m: ModelPreset, path: Path) -> None:
     def bad(msg):
         raise MoesimError(f"{path}: {msg}")
 
-    for name in ("n_layers", "n_experts", "top_k", "moe_intermediate_size", "hidden_size", "vocab_size"):
-        if getattr(m, name) <= 0:
-            bad(f"{name} must be > 0 (got {getattr(m, name)})")
+    check_sizes(m, path)
     if m.top_k > m.n_experts:
         bad(f"top_k ({m.top_k}) exceeds n_experts ({m.n_experts})")
     if not m.moe_layers or min(m.moe_layers) < 0 or max(m.moe_layers) >= m.n_layers:

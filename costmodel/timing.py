@@ -260,10 +260,12 @@ def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = 
     )
 
 
+MAX_ZIPF = 20.0  # popularity skew exponents beyond this put all but ~1e-6 of a layer's requests on one expert
+
 # ---- routing statistics the analytic model needs --------------------------------------------------------------
 
 def _zipf_probs(n_experts: int, zipf: float) -> np.ndarray:
-    w = 1.0 / np.arange(1, n_experts + 1, dtype=np.float64) ** zipf
+    w = np.exp(-zipf * np.log(np.arange(1, n_experts + 1, dtype=np.float64)))  # i^-zipf; the tail may underflow to 0
     return w / w.sum()
 
 
@@ -291,7 +293,16 @@ def selection_probs(n_experts: int, top_k: int, zipf: float = 0.0) -> np.ndarray
         excess = float((p[over] - 1.0).sum())
         p[over] = 1.0
         free = ~over & (p < 1.0)
-        p[free] += excess * p[free] / p[free].sum()
+        mass = float(p[free].sum())
+        if mass > 0.0:
+            p[free] += excess * p[free] / mass
+        else:  # a skew so steep the tail underflowed to 0: the limit fills the next experts in rank order
+            for i in np.flatnonzero(free):
+                take = min(1.0 - p[i], excess)
+                p[i] += take
+                excess -= take
+                if excess <= 0.0:
+                    break
     return np.minimum(p, 1.0)
 
 
@@ -342,6 +353,9 @@ def estimate(model, quant: str | None, hw, *, vram_hit: float | None = None, ram
     ``cpu_moe_layers`` = N is llama.cpp's ``--n-cpu-moe N``: the experts of N MoE layers stay in host memory and are
     computed by the CPU, the others are in VRAM (sets vram_hit = 1 - N / layers). On a machine without a GPU every
     expert is computed by the CPU from host memory."""
+    if not (isinstance(zipf, (int, float)) and 0.0 <= zipf <= MAX_ZIPF):
+        raise MoesimError(f"zipf exponent must be between 0 and {MAX_ZIPF:g} (got {zipf}); at {MAX_ZIPF:g} a layer's "
+                          "top expert already takes all but 1e-6 of its requests")
     e = load_engine(engine)
     if miss is None:
         miss = e.miss if e.miss != "any" else "fetch"
@@ -431,6 +445,9 @@ def estimate(model, quant: str | None, hw, *, vram_hit: float | None = None, ram
     s_memory = sum(t.values())
     s_compute = p.decode_compute_floor(batch) if p.dense_vram_fraction >= 1 else 0.0
     s_step = max(s_memory, s_compute)
+    if not (math.isfinite(s_step) and s_step > 0):  # never print a nan or inf as a time
+        raise MoesimError(f"the estimate is not a finite time ({s_step} s per step): check the model, machine and "
+                          "options for extreme values")
 
     m = model if isinstance(model, ModelPreset) else load_model_any(str(model))
     out = {

@@ -18,6 +18,11 @@ _API = ("load_trace", "simulate", "sweep", "mrc")
 __all__ = ["MoesimError", "__version__", *_API]
 
 
+def __dir__():
+    # the lazily loaded API is part of the module: dir(moesim) and tab completion list it
+    return sorted(__all__)
+
+
 def __getattr__(name):
     if name in _API:
         from moesim import api

@@ -30,7 +30,8 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
           allocations=None, batches=None, warm: bool | None = None, warmup_tokens: int | None = None,
           reset_per_sequence: bool | None = None, hw=None, model: str | None = None, quant=None, config=None,
           output: str | os.PathLike | None = None, jobs: int | None = None, executor: str = "local",
-          top: int | None = None, layers: bool = False, presets: bool = True):
+          top: int | None = None, layers: bool = False, presets: bool = True, baseline: str | None = None,
+          rank_by: str = "class", max_mass: float | None = None):
     """Rank a grid of policies on one trace (path or Routing) or a list of them, like ``moesim sweep``.
 
     Axes take a value or a list (budgets also a range "0.05:0.5:0.05" or {"start", "stop", "step"});
@@ -38,8 +39,11 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
     and 0.5). ``admits`` may contain None (no admission). ``config`` is a TOML path or a dict with the
     same keys; the keyword arguments override its axes. ``presets=False`` leaves out the named presets
     (the CLI always includes them). ``output`` keeps results in a keyed Parquet (rerunning computes only
-    what is missing). Returns the rows ranked within each group (see docs/sweep.md), best first;
-    ``top`` keeps the best N of each group; ``layers=True`` returns (rows, per-layer rows)."""
+    what is missing). Returns the rows ranked within each group (see docs/sweep.md), best first:
+    ``rank_by="class"`` lists the policies that always run the router's first choice first, "time" ranks
+    by time alone; ``speedup`` divides the time per token of ``baseline`` (default: the fetch-all preset;
+    or "EVICTION/MISS[/admit β]") by the row's. ``max_mass`` keeps the configs within that substituted
+    mass per step; ``top`` the best N of each group; ``layers=True`` returns (rows, per-layer rows)."""
     import polars as pl
 
     from moesim.sweeps.grid import grid_from_options
@@ -48,11 +52,11 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
     grid = grid_from_options(config, budgets=budgets, slots=slots, evictions=evictions, misses=misses,
                              thetas=thetas, admits=admits, allocations=allocations, batches=batches, warm=warm,
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=hw,
-                             model=model, quants=quant, presets=presets)
-    out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor)
-    rows = out.rows
-    if top:
-        rows = rows.filter(pl.col("rank") <= top)
+                             model=model, quants=quant, presets=presets, baseline=baseline)
+    out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor, rank_by=rank_by)
+    from moesim.sweeps.ranking import select_rows
+
+    rows, _ = select_rows(out.rows, top, max_mass)
     if layers:
         return rows, out.layers.filter(pl.col("row_key").is_in(rows["row_key"].to_list()))
     return rows
@@ -61,9 +65,11 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
 def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: float | None = None,
              budget: float | None = None, slots: int | None = None, allocation: str = "per-layer",
              warm: bool = False, warmup_tokens: int = 0, reset_per_sequence: bool = False, batch: int = 1,
-             hw: str | None = None, model: str | None = None, quant: str | None = None, layers: bool = False):
+             hw: str | None = None, model: str | None = None, quant: str | None = None, layers: bool = False,
+             baseline: str = "fetch-all"):
     """Replay one policy, like ``moesim simulate``: a one-row DataFrame with the sweep's columns
-    (the speed-up included when the trace is priced). ``layers=True`` returns (row, per-layer rows).
+    (the speed-up over ``baseline`` included when the trace is priced). ``layers=True`` returns (row,
+    per-layer rows).
     The raw replay (counters per layer and per token) is ``moesim.simulator.simulate``."""
     from moesim.simulator.config import SimConfig
     from moesim.sweeps.single import simulate_one
@@ -72,7 +78,7 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
         raise MoesimError("give budget= (fraction of experts) or slots= (per layer)")
     config = SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch)
-    one = simulate_one(trace, config, hw=hw, model=model, quant=quant)
+    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, baseline=baseline)
     return (one.row, one.layers) if layers else one.row
 
 

@@ -60,7 +60,9 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         return 0 if new == text else 1
     if new != text:
-        path.write_text(new)
+        from moesim.files import write_text
+
+        write_text(new, path)
     return 0
 
 

@@ -27,20 +27,21 @@ class MissPolicy:
     doc: str
     grid: tuple[str, ...]  # its entries in the sweep's default miss axis
     substitutes: bool  # may substitute (so background admission can act)
+    keeps_first: bool  # always runs the router's first choice (fetch or CPU): mass compares within this class
     takes_theta: bool = False
 
 
 MISS_POLICIES: dict[str, MissPolicy] = {p.name: p for p in (
-    MissPolicy("fetch-all", FETCH_ALL, "fetch every miss synchronously and admit it", ("fetch-all",), False),
+    MissPolicy("fetch-all", FETCH_ALL, "fetch every miss synchronously and admit it", ("fetch-all",), False, True),
     MissPolicy("threshold", THRESHOLD, "fetch if rank 0 or w >= θ, else substitute "
-               "(threshold:0.15 is the 0.15 rule)", ("threshold:0.15",), True, takes_theta=True),
+               "(threshold:0.15 is the 0.15 rule)", ("threshold:0.15",), True, True, takes_theta=True),
     MissPolicy("first-choice", FIRST_CHOICE, "fetch the router's first choice, substitute the rest",
-               ("first-choice",), True),
+               ("first-choice",), True, True),
     MissPolicy("substitute", SUBSTITUTE_ALL, "never fetch: run the best-scored resident expert instead "
-               "(drop if none)", ("substitute",), True),
-    MissPolicy("drop", DROP_ALL, "skip the missing expert (the rest are renormalized)", (), True),
+               "(drop if none)", ("substitute",), True, False),
+    MissPolicy("drop", DROP_ALL, "skip the missing expert (the rest are renormalized)", (), True, False),
     MissPolicy("cpu", CPU_ALL, "compute the missing expert on the CPU from host memory; cache unchanged",
-               ("cpu",), False),
+               ("cpu",), False, True),
 )}
 
 

@@ -33,10 +33,27 @@ class Figure:
     _spec: dict | None = field(default=None, repr=False)
 
     def spec(self) -> dict:
-        # to_dict validates against the Vega-Lite schema (~0.1 s a chart): once is enough
+        # to_dict validates against the Vega-Lite schema (~0.1 s a chart): once is enough. Control characters
+        # from data (domains, model ids) are escaped: vl-convert aborts the whole process on them.
         if self._spec is None:
-            self._spec = self.chart.to_dict()
+            from moesim.textsafe import clean
+
+            self._spec = clean(styled(self.chart).to_dict())
         return self._spec
+
+
+# Text sizes for reading a chart on a page or a slide: axis and legend text of at least 12 px.
+FONT = {"label": 12, "title": 13, "chart_title": 15, "subtitle": 12}
+PLOT_WIDTH = 640  # the plot area of a chart (or of each panel), in px
+
+
+def styled(chart):
+    """The report's common text sizes, set once on the top-level chart."""
+    return (chart.configure_axis(labelFontSize=FONT["label"], titleFontSize=FONT["title"])
+            .configure_legend(labelFontSize=FONT["label"], titleFontSize=FONT["title"], labelLimit=320)
+            .configure_header(labelFontSize=FONT["title"], titleFontSize=FONT["title"])
+            .configure_title(fontSize=FONT["chart_title"], subtitleFontSize=FONT["subtitle"])
+            .configure_text(fontSize=FONT["label"]))
 
 
 def title(text: str, synthetic: bool, subtitle: str | list[str] | None = None):
@@ -83,4 +100,5 @@ def export(fig: Figure, directory: Path) -> dict[str, Path]:
     return out
 
 
-__all__ = ["Figure", "title", "check_rows", "vl_version", "export", "ROW_LIMIT", "EVICTION_ORDER", "SYNTHETIC_TAG"]
+__all__ = ["Figure", "title", "check_rows", "vl_version", "export", "styled", "ROW_LIMIT", "EVICTION_ORDER",
+           "SYNTHETIC_TAG", "FONT", "PLOT_WIDTH"]

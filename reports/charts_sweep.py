@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moesim.reports.charts import EVICTION_ORDER, Figure, check_rows, title
+from moesim.reports.charts import EVICTION_ORDER, PLOT_WIDTH, Figure, check_rows, title
 
 MISS_ORDER = ["fetch-all", "threshold:0.15", "first-choice", "substitute", "drop", "cpu"]
 SHAPES = ["circle", "square", "triangle-up", "diamond", "cross", "triangle-down", "triangle-left", "stroke"]
@@ -45,7 +45,7 @@ def hit_rate_curve_chart(curve, *, synthetic: bool, source: str, marks=None) -> 
         rules = pl.DataFrame({"size_pct": [100 * m for m in marks]})
         layers.insert(0, alt.Chart(rules).mark_rule(color="#bbb", strokeDash=[2, 2]).encode(x="size_pct:Q"))
     chart = alt.layer(*layers).properties(
-        width=560, height=320,
+        width=PLOT_WIDTH, height=340,
         title=title("Hit rate against cache budget, fetch-all", synthetic,
                     f"{source}; dotted lines: the budgets of the tables" if marks else source))
     caption = ("Share of expert requests that hit the GPU cache when every miss is fetched, against the cache "
@@ -55,88 +55,150 @@ def hit_rate_curve_chart(curve, *, synthetic: bool, source: str, marks=None) -> 
     return Figure("hit_rate_vs_budget", chart, caption)
 
 
+def _baseline_name(rows) -> str:
+    names = sorted({b for b in rows["baseline"].to_list() if b}) if "baseline" in rows.columns else []
+    return ", ".join(names) or "the baseline"
+
+
+def _off_chart(frame, limit: float) -> list[str]:
+    """The configs slower than the plotted range, named (with their time) for the subtitle."""
+    import polars as pl
+
+    off = frame.filter(pl.col("ms_per_token") > limit).sort("ms_per_token")
+    if off.height == 0:
+        return []
+    names = [f"{p}{f' [{n}]' if n else ''} {ms:.1f} ms" for p, n, ms in
+             off.unique(["policy", "preset"], maintain_order=True).select("policy", "preset", "ms_per_token").rows()]
+    return _lines(f"off the chart, slower than {limit:.1f} ms: " + "; ".join(names), 110)
+
+
+def _lines(text: str, width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width)
+
+
 def pareto_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:
-    """Time per token against substituted mass per step, one panel per cache size."""
+    """Time per token against substituted mass per step, one panel per cache size (stacked), each time axis
+    cut just above the panel's baseline (slower configs are named above the panel, not plotted)."""
     import altair as alt
     import polars as pl
 
     frame = rows.filter(pl.col("s_per_token").is_not_null()).with_columns(
         (1e3 * pl.col("s_per_token")).alias("ms_per_token"),
         pl.col("preset").fill_null(""),
+        pl.when(pl.col("keeps_first_choice")).then(pl.lit("kept")).otherwise(pl.lit("may lose"))
+        .alias("first_choice"),
     )
     names = sorted({p for p in frame["preset"].to_list() if p})
-    frame = frame.with_columns(pl.col("preset").is_in(names[1::2]).alias("label_below")).select(
+    frame = frame.with_columns(pl.col("preset").is_in(names[1::2]).alias("label_below"),
+                               (pl.col("fits_in_vram").fill_null(True) if "fits_in_vram" in frame.columns
+                                else pl.lit(True)).alias("fits")).select(
         "policy", "preset", "label_below", "eviction", "miss", "size", "size_label", "ms_per_token", "mass_per_step",
-        "speedup", "hit_rate", "pareto")
+        "speedup", "hit_rate", "pareto", "first_choice", "fits")
     check_rows(frame, "time vs mass")
     misses = [m for m in MISS_ORDER if m in frame["miss"].unique().to_list()]
     misses += sorted(set(frame["miss"].unique().to_list()) - set(misses))
     evictions = _evictions(frame["eviction"].unique().to_list())
-    # sqrt: the useful policies sit near zero mass, next to never-fetching ones near 1
-    x = alt.X("mass_per_step:Q", title="substituted gate mass per step (sqrt scale)",
-              scale=alt.Scale(type="sqrt", domain=[0, max(0.05, float(frame["mass_per_step"].max() or 0))]))
-    y = alt.Y("ms_per_token:Q", title="time per token (ms)", scale=alt.Scale(zero=True))
+    # sqrt: the useful policies sit near zero mass, next to never-fetching ones further out
+    x_scale = alt.Scale(type="sqrt", domain=[0, max(0.02, 1.05 * float(frame["mass_per_step"].max() or 0))],
+                        nice=False)
+    color = alt.Color("miss:N", title="miss policy", sort=misses)
+    shape = alt.Shape("eviction:N", title="eviction", sort=evictions, scale=alt.Scale(range=SHAPES))
+    dash = alt.StrokeDash("first_choice:N", title="Pareto front, 1st choice",
+                          scale=alt.Scale(domain=["kept", "may lose"], range=[[1, 0], [5, 3]]))
     tooltip = ["policy:N", "preset:N", alt.Tooltip("ms_per_token:Q", format=".2f", title="ms per token"),
                alt.Tooltip("mass_per_step:Q", format=".4f", title="mass per step"),
-               alt.Tooltip("speedup:Q", format=".2f", title="speed-up vs fetch-all"),
-               alt.Tooltip("hit_rate:Q", format=".1%", title="hit rate")]
-    base = alt.Chart().encode(x=x, y=y)
-    points = base.mark_point(filled=True, size=45, opacity=0.75).encode(
-        color=alt.Color("miss:N", title="miss policy", sort=misses),
-        shape=alt.Shape("eviction:N", title="eviction", sort=evictions, scale=alt.Scale(range=SHAPES)),
-        tooltip=tooltip,
-    )
-    front = base.transform_filter("datum.pareto").mark_line(color="black", strokeWidth=1.2, interpolate="step-after",
-                                                             opacity=0.7).encode(order="mass_per_step:Q")
-    preset = base.transform_filter("datum.preset != ''")
-    rings = preset.mark_point(size=220, color="black", strokeWidth=1.5, filled=False).encode(tooltip=tooltip)
-    # alternate labels above and below so neighbouring presets (quality-first, speed-first) stay readable
-    label: dict[str, Any] = dict(align="left", dx=9, fontSize=11, fontWeight="bold")
-    labels_above = preset.transform_filter("!datum.label_below").mark_text(dy=-8, **label).encode(text="preset:N")
-    labels_below = preset.transform_filter("datum.label_below").mark_text(dy=12, **label).encode(text="preset:N")
-    sizes = frame.select("size", "size_label").unique().sort("size")["size_label"].to_list()
-    chart = alt.layer(points, front, rings, labels_above, labels_below, data=frame).properties(
-        width=260, height=280).facet(
-        column=alt.Column("size_label:N", title=None, sort=sizes),
-    ).properties(title=title("Time per token against substituted gate mass", synthetic,
-                             f"priced as {priced_as}; black line: Pareto front of each budget; "
-                             "ringed: named presets"))
+               alt.Tooltip("speedup:Q", format=".2f", title="speed-up"),
+               alt.Tooltip("hit_rate:Q", format=".1%", title="hit rate"),
+               alt.Tooltip("first_choice:N", title="1st choice")]
+    label: dict[str, Any] = dict(align="left", dx=10, fontSize=12, fontWeight="bold")
+    panels = []
+    sizes = frame.select("size", "size_label").unique().sort("size").rows()
+    for i, (size, size_label) in enumerate(sizes):
+        part = frame.filter(pl.col("size") == size)
+        # the baseline runs without a policy: configs slower than it (everything on the CPU, llama.cpp's layer
+        # placement) would stretch the axis and squeeze the configs worth comparing into a sliver
+        base = part.filter(pl.col("speedup").is_not_null() & ((pl.col("speedup") - 1.0).abs() < 1e-12))
+        limit = 1.08 * float((base if base.height else part)["ms_per_token"].max())
+        shown = part.filter(pl.col("ms_per_token") <= limit)
+        low = 0.92 * float(shown["ms_per_token"].min())  # not from zero: these differ by a few percent
+        x = alt.X("mass_per_step:Q", scale=x_scale, title=(X_MASS if i == len(sizes) - 1 else None))
+        y = alt.Y("ms_per_token:Q", title="time per token (ms; axis not from 0)",
+                  scale=alt.Scale(zero=False, domain=[low, limit], nice=False))
+        enc = alt.Chart(shown).encode(x=x, y=y)
+        points = enc.mark_point(filled=True, size=70, opacity=0.8, stroke="white", strokeWidth=0.6).encode(
+            color=color, shape=shape, tooltip=tooltip)
+        front = enc.transform_filter("datum.pareto").mark_line(
+            strokeWidth=1.4, interpolate="step-after", opacity=0.8, color="black").encode(
+            order="mass_per_step:Q", strokeDash=dash)
+        preset = enc.transform_filter("datum.preset != ''")
+        rings = preset.mark_point(size=260, color="black", strokeWidth=1.5, filled=False).encode(tooltip=tooltip)
+        # alternate labels above and below so neighbouring presets (quality-first, speed-first) stay readable
+        above = preset.transform_filter("!datum.label_below").mark_text(dy=-9, **label).encode(text="preset:N")
+        below = preset.transform_filter("datum.label_below").mark_text(dy=13, **label).encode(text="preset:N")
+        off = _off_chart(part, limit)
+        unfit = part.filter(~pl.col("fits"))
+        if unfit.height:
+            off = [f"WARNING: this cache does not fit in the machine's VRAM ({unfit.height} of {part.height} "
+                   "configs): their times describe a machine that does not exist"] + off
+        panels.append(alt.layer(points, front, rings, above, below).properties(
+            width=PLOT_WIDTH, height=300,
+            title=alt.TitleParams(size_label, subtitle=off or alt.Undefined, anchor="start", fontSize=13,
+                                  subtitleColor="#555")))
+    chart = alt.vconcat(*panels, spacing=18).resolve_scale(x="shared", color="shared", shape="shared").properties(
+        title=title("Time per token against substituted gate mass", synthetic,
+                    [f"priced as {priced_as}; ringed: named presets",
+                     "black lines: Pareto fronts (solid: policies that keep the router's first choice, "
+                     "dashed: may lose it)"]))
     caption = ("Each point is one policy configuration: the time per decoded token on the priced machine against "
-               "the substituted gate mass per step (a proxy for the perplexity cost; r ~ 0.92 in the published "
-               "study). Points on the black line are Pareto-optimal within their budget (no other config is both "
-               "faster and substitutes less mass); ringed points are the named presets.")
+               "the substituted (and dropped) gate mass per step. Mass ranks policies by quality only among those "
+               "that always run the router's first choice (the substitution study: r ~ 0.92 with the perplexity "
+               "increase there); the two classes have separate Pareto fronts (solid and dashed: no other config of "
+               "the class is both faster and loses less mass). Ringed points are the named presets. Each budget's "
+               f"time axis ends just above its baseline ({_baseline_name(rows)}); slower configs are named above "
+               "the panel.")
     return Figure("time_vs_mass", chart, caption)
 
 
+X_MASS = "substituted + dropped gate mass per (token, layer) step (sqrt scale)"
+
+
 def speedup_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:
-    """Speed-up over fetch-all (same eviction and budget) per policy, a dot per cache size."""
+    """Speed-up over the sweep's baseline per policy, a dot per cache size."""
     import altair as alt
     import polars as pl
 
+    baseline = _baseline_name(rows)
     frame = rows.filter(pl.col("speedup").is_not_null()).with_columns(
         pl.when(pl.col("preset").is_not_null()).then(pl.col("policy") + "  [" + pl.col("preset") + "]")
-        .otherwise(pl.col("policy")).alias("row")).select("row", "policy", "preset", "size", "size_label", "speedup",
-                                                          "s_per_token")
+        .otherwise(pl.col("policy")).alias("row"),
+        pl.when(pl.col("keeps_first_choice")).then(pl.lit("kept")).otherwise(pl.lit("may lose"))
+        .alias("first_choice")).select("row", "policy", "preset", "size", "size_label", "speedup", "s_per_token",
+                                       "first_choice")
     check_rows(frame, "speed-up")
     order = (frame.group_by("row").agg(pl.col("speedup").max().alias("best"))
              .sort(["best", "row"], descending=[True, False])["row"].to_list())
     sizes = frame.select("size", "size_label").unique().sort("size")["size_label"].to_list()
-    dots = alt.Chart(frame).mark_point(filled=True, size=60).encode(
-        x=alt.X("speedup:Q", title="speed-up over fetch-all (x, same eviction and budget)",
-                scale=alt.Scale(zero=False)),
-        y=alt.Y("row:N", title=None, sort=order, axis=alt.Axis(labelLimit=320)),
+    dots = alt.Chart(frame).mark_point(filled=True, size=70).encode(
+        x=alt.X("speedup:Q", title=f"speed-up over {baseline} (x, same budget)", scale=alt.Scale(zero=False)),
+        y=alt.Y("row:N", title=None, sort=order, axis=alt.Axis(labelLimit=360)),
         color=alt.Color("size_label:N", title="budget", sort=sizes, scale=alt.Scale(scheme="viridis")),
+        shape=alt.Shape("first_choice:N", title="1st choice", sort=["kept", "may lose"],
+                        scale=alt.Scale(range=["circle", "diamond"])),
         tooltip=["policy:N", "preset:N", "size_label:N", alt.Tooltip("speedup:Q", format=".2f"),
                  alt.Tooltip("ms_per_token:Q", format=".2f", title="ms per token")],
     ).transform_calculate(ms_per_token="datum.s_per_token * 1000")
     one = alt.Chart(pl.DataFrame({"x": [1.0]})).mark_rule(color="#d62728", strokeDash=[4, 3]).encode(x="x:Q")
     chart = alt.layer(one, dots).properties(
-        width=480, height=alt.Step(15),
-        title=title("Speed-up over fetch-all per policy", synthetic,
-                    f"priced as {priced_as}; dashed line: fetch-all (1x); [name]: named preset"))
-    caption = ("Time per token of fetch-all divided by the policy's, with the same eviction and budget, one dot per "
-               "budget; policies sorted by their best speed-up. Above 1 the policy is faster than fetching every "
-               "miss (it substitutes, computes on the CPU or keeps a better cache).")
+        width=PLOT_WIDTH, height=alt.Step(18),
+        title=title("Speed-up per policy", synthetic,
+                    f"priced as {priced_as}; dashed line: the baseline, {baseline} (1x); [name]: named preset"))
+    caption = (f"Time per token of the baseline ({baseline}, the same for every row and table) divided by the "
+               "policy's, at the same budget, one dot per budget; policies sorted by their best speed-up. Above 1 "
+               "the policy is faster than the baseline; identical replays have identical speed-ups. Diamonds: "
+               "policies that may substitute or drop the router's first choice (their speed comes at a quality "
+               "cost that substituted mass does not rank).")
     return Figure("speedup", chart, caption)
 
 
@@ -145,8 +207,10 @@ def layer_heatmap(rows, layers, *, synthetic: bool) -> Figure:
     import altair as alt
     import polars as pl
 
-    chosen = rows.filter((pl.col("miss") == "fetch-all") & pl.col("admit").is_null() & (pl.col("batch") == 1)
-                         | pl.col("preset").is_not_null())
+    # static-layers pins whole layers: its layers hit 0% or 100% by construction, which would set the colour
+    # scale and flatten every other row; it is left out (its hit rate is the share of pinned layers)
+    chosen = rows.filter(((pl.col("miss") == "fetch-all") & pl.col("admit").is_null() & (pl.col("batch") == 1)
+                          | pl.col("preset").is_not_null()) & (pl.col("eviction") != "static-layers"))
     chosen = chosen.with_columns(
         pl.when(pl.col("preset").is_not_null()).then(pl.col("policy") + "  [" + pl.col("preset") + "]")
         .otherwise(pl.col("policy")).alias("row"))
@@ -161,14 +225,16 @@ def layer_heatmap(rows, layers, *, synthetic: bool) -> Figure:
         x=alt.X("layer:O", title="MoE layer (model's layer index)",
                 axis=alt.Axis(labelAngle=0, values=_tick_values(sorted(frame["layer"].unique().to_list())))),
         y=alt.Y("row:N", title=None, sort=row_order, axis=alt.Axis(labelLimit=320)),
-        color=alt.Color("hit_pct:Q", title="hit rate (%)", scale=alt.Scale(scheme="viridis")),
+        color=alt.Color("hit_pct:Q", title="hit rate (%)", scale=alt.Scale(scheme="viridis", zero=False, nice=False)),
         tooltip=["row:N", "size_label:N", "layer:O", alt.Tooltip("hit_pct:Q", format=".2f", title="hit rate (%)")],
-    ).properties(width=max(240, 12 * n_layers), height=alt.Step(16)).facet(
+    ).properties(width=max(PLOT_WIDTH, 12 * n_layers), height=alt.Step(18)).facet(
         row=alt.Row("size_label:N", title=None, sort=sizes, header=alt.Header(labelAngle=0, labelAlign="left")),
     ).properties(title=title("Hit rate per MoE layer", synthetic,
                              "fetch-all with each eviction, and the named presets [name]"))
     caption = ("Hit rate of every MoE layer, per budget, for fetch-all under each eviction policy and for the "
-               "named presets. Layers whose routing is less predictable show as darker columns.")
+               "named presets; the colour scale spans the lowest to the highest layer hit rate shown. Layers whose "
+               "routing is less predictable show as darker columns. The llama.cpp preset (static-layers) is left "
+               "out: it pins whole layers, so each layer hits 0% or 100% by construction.")
     return Figure("layer_hit_rate", chart, caption)
 
 

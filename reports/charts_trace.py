@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from moesim.reports.charts import Figure, check_rows, title
+from moesim.reports.charts import PLOT_WIDTH, Figure, check_rows, title
 from moesim.reports.profile import GATE_THRESHOLD
 from moesim.simulator.kernel import COUNTER_NAMES
 
 SERIES_POINTS = 400
 MAX_RULES = 60
+MAX_SEGMENTS = 2000  # domain runs drawn one by one; more are binned
+X_TITLE = "normalized gate weight w (sums to 1 over the k selected experts)"
 GATE_BIN = 0.025  # 0.15 is a bin edge, so the threshold line never splits a bar
 
 _C = {name: i for i, name in enumerate(COUNTER_NAMES)}
@@ -48,19 +50,44 @@ def token_series(result, label: str, window: int, points: int = SERIES_POINTS):
     })
 
 
-def domain_segments(routing):
-    """Runs of consecutive tokens with the same (sequence, domain): start, end (exclusive), domain."""
+def domain_segments(routing, max_segments: int = MAX_SEGMENTS):
+    """Runs of consecutive tokens with the same (sequence, domain): start, end (exclusive), domain.
+    Beyond MAX_DOMAINS domains, those with fewer tokens are "(other domains)"; beyond ``max_segments``
+    runs, the strip is drawn in equal bins of tokens, each labelled with its most common domain (a
+    strip of 640 pixels cannot show more)."""
     import polars as pl
 
-    dom = np.asarray(routing.domain)
+    from moesim.reports.profile import MAX_DOMAINS, top_domains
+
+    raw = np.asarray(routing.domain).astype(np.int64)
     seq = np.asarray(routing.seq)
-    T = len(dom)
-    change = np.flatnonzero((dom[1:] != dom[:-1]) | (seq[1:] != seq[:-1])) + 1
+    T = len(raw)
+    kept, _ = top_domains(raw, MAX_DOMAINS)
+    labels = [routing.domain_names[c] for c in kept] + ["(no domain)", "(other domains)"]
+    lut = np.full(len(routing.domain_names) + 1, len(labels) - 1, dtype=np.int64)  # index -1: no domain
+    lut[kept] = np.arange(len(kept))
+    lut[-1] = len(labels) - 2
+    dom = lut[raw]
+    seq_start = np.concatenate([[False], seq[1:] != seq[:-1]])
+    change = np.flatnonzero((dom[1:] != dom[:-1]) | seq_start[1:]) + 1
+    if len(change) + 1 > max_segments:
+        width = -(-T // (max_segments // 2))
+        bins = np.arange(T) // width
+        hist = np.zeros((int(bins[-1]) + 1, len(labels)), dtype=np.int64)
+        np.add.at(hist, (bins, dom), 1)
+        label = hist.argmax(axis=1)
+        new_seq = np.zeros(len(label), dtype=bool)
+        new_seq[bins[seq_start]] = True
+        new_seq[0] = False
+        keep = np.concatenate([[True], (label[1:] != label[:-1]) | new_seq[1:]])
+        starts = np.flatnonzero(keep) * width
+        ends = np.concatenate([starts[1:], [T]])
+        return pl.DataFrame({"start": starts, "end": ends, "domain": [labels[i] for i in label[keep]],
+                             "new_sequence": new_seq[keep]})
     starts = np.concatenate([[0], change])
     ends = np.concatenate([change, [T]])
-    names = [routing.domain_names[d] if d >= 0 else "(no domain)" for d in dom[starts]]
-    new_seq = np.concatenate([[False], seq[starts[1:]] != seq[starts[1:] - 1]])
-    return pl.DataFrame({"start": starts, "end": ends, "domain": names, "new_sequence": new_seq})
+    return pl.DataFrame({"start": starts, "end": ends, "domain": [labels[i] for i in dom[starts]],
+                         "new_sequence": seq_start[starts]})
 
 
 def rolling_chart(series, segments, *, synthetic: bool, window: int, budget_note: str) -> Figure:
@@ -95,9 +122,9 @@ def rolling_chart(series, segments, *, synthetic: bool, window: int, budget_note
         x2="end:Q",
         color=alt.Color("domain:N", title="domain", scale=alt.Scale(scheme="set2")),
         tooltip=["domain:N", alt.Tooltip("start:Q", title="first token"), alt.Tooltip("end:Q", title="end token")],
-    ).properties(width=640, height=14, title=alt.TitleParams("domain of each token" if has_domains
-                                                             else "no domain column: sequences only",
-                                                             fontSize=11, anchor="start", fontWeight="normal"))
+    ).properties(width=PLOT_WIDTH, height=16, title=alt.TitleParams("domain of each token" if has_domains
+                                                                    else "no domain column: sequences only",
+                                                                    fontSize=12, anchor="start", fontWeight="normal"))
     policy = alt.Color("policy:N", title="policy")
 
     def panel(field_name: str, y_title: str, domain=None, bottom=True):
@@ -109,7 +136,7 @@ def rolling_chart(series, segments, *, synthetic: bool, window: int, budget_note
             color=policy,
             tooltip=["policy:N", "token:Q", alt.Tooltip(f"{field_name}:Q", format=".2f", title=y_title)],
         )
-        return alt.layer(rules, line).properties(width=640, height=170)
+        return alt.layer(rules, line).properties(width=PLOT_WIDTH, height=180)
 
     panels = alt.vconcat(
         panel("hit_rate_pct", "hit rate (% of requests)", [0, 100], bottom=False),
@@ -119,10 +146,15 @@ def rolling_chart(series, segments, *, synthetic: bool, window: int, budget_note
     chart = alt.vconcat(strip, panels, spacing=6).resolve_scale(color="independent").properties(
         title=title("Hit rate and substitutions over the trace", synthetic,
                     f"rolling window of {window} tokens; {budget_note}; {rule_note}"))
-    caption = (f"Rolling hit rate and share of substituted (or dropped) requests over the trace, in windows of "
+    lines_said = {
+        True: "solid vertical lines mark a new sequence (the cache re-warms); domain changes are too many to draw "
+              "and show in the strip",
+        False: "vertical lines mark a change of domain (dashed) or a new sequence (solid), where the cache has to "
+               "re-warm" if bounds.height else "there is one sequence and no domain change",
+    }[dense]
+    caption = (f"Rolling hit rate and share of substituted or dropped requests over the trace, in windows of "
                f"{window} tokens, for the named policies ({budget_note}). The strip on top colours each token by "
-               "its domain; vertical lines mark a change of domain (dashed) or a new sequence (solid), where the cache "
-               "has to re-warm.")
+               f"its domain; {lines_said}.")
     return Figure("rolling_hit_rate", chart, caption)
 
 
@@ -143,32 +175,35 @@ def similarity_chart(sim: dict, *, synthetic: bool) -> Figure:
         color=alt.Color("similarity:Q", title="weighted Jaccard", scale=alt.Scale(domain=[0, 1], scheme="blues")),
         tooltip=["a:N", "b:N", alt.Tooltip("similarity:Q", format=".3f")],
     )
-    text = base.mark_text(fontSize=12).encode(
+    text = base.mark_text(fontSize=14).encode(
         text=alt.Text("similarity:Q", format=".2f"),
         color=alt.condition("datum.similarity > 0.6", alt.value("white"), alt.value("black")),
     )
-    side = max(160, 60 * len(names))
+    shown = (f"; the {len(names)} domains with the most tokens of {sim['domains_total']}"
+             if sim.get("domains_total") else "")
     chart = alt.layer(cells, text).properties(
-        width=side, height=side,
+        width=PLOT_WIDTH, height=max(240, 60 * len(names)),
         title=title("Expert overlap between domains", synthetic,
-                    "weighted Jaccard of expert-request shares, mean over layers (1 = same experts, 0 = disjoint)"))
+                    "weighted Jaccard of expert-request shares, mean over layers (1 = same experts, 0 = disjoint)"
+                    + shown))
     caption = ("How much two domains use the same experts: per layer, the weighted Jaccard similarity of the "
                "domains' expert-request distributions, averaged over layers (definition: docs/profile.md). "
-               "Low values mean a cache warmed on one domain misses on the other.")
+               "Low values mean a cache warmed on one domain misses on the other" + shown + ".")
     return Figure("domain_similarity", chart, caption)
 
 
 def gate_histogram_frame(w: np.ndarray):
-    """Share (%) of all selected experts per gate-weight bin, split into first choices and the rest."""
+    """Per gate-weight bin, the share (%) of first choices and, apart, of the other selected experts (each
+    group sums to 100%: first choices are only 1/k of all selections, and would vanish on a common scale)."""
     import polars as pl
 
     w = np.asarray(w, dtype=np.float64)
-    total = w.size
     edges = np.linspace(0.0, 1.0, int(round(1 / GATE_BIN)) + 1)
     first, _ = np.histogram(w[..., 0].ravel(), bins=edges)
     rest, _ = np.histogram(w[..., 1:].ravel(), bins=edges)
     frames = []
     for name, counts in (("first choice (rank 1)", first), ("ranks 2..k", rest)):
+        total = max(int(counts.sum()), 1)
         frames.append(pl.DataFrame({"rank": [name] * len(counts), "lo": edges[:-1], "hi": edges[1:],
                                     "share_pct": 100 * counts / total, "count": counts}))
     return pl.concat(frames)
@@ -181,28 +216,37 @@ def gate_chart(w: np.ndarray, *, synthetic: bool, threshold: float = GATE_THRESH
     frame = check_rows(gate_histogram_frame(w), "gate weights")
     w64 = np.asarray(w, dtype=np.float64)
     above = 100 * float((w64 >= threshold).mean())
-    bars = alt.Chart(frame).mark_bar(stroke="white", strokeWidth=0.3).encode(
-        x=alt.X("lo:Q", title="normalized gate weight w (sums to 1 over the k selected experts)",
-                scale=alt.Scale(domain=[0, 1]), bin="binned"),
-        x2="hi:Q",
-        y=alt.Y("share_pct:Q", title="share of selected experts (%)", stack="zero"),
-        color=alt.Color("rank:N", title="rank", scale=alt.Scale(range=["#4c78a8", "#f58518"])),
-        tooltip=["rank:N", alt.Tooltip("lo:Q", title="from w"), alt.Tooltip("hi:Q", title="to w"),
-                 alt.Tooltip("share_pct:Q", format=".2f", title="% of selected"), "count:Q"],
-    )
+    above_rest = 100 * float((w64[..., 1:] >= threshold).mean()) if w64.shape[-1] > 1 else float("nan")
     rule_data = pl.DataFrame({"w": [threshold], "label": [f"0.15 rule: fetch if w >= {threshold:g}"]})
-    rule = alt.Chart(rule_data).mark_rule(color="#d62728", strokeWidth=2, strokeDash=[6, 3]).encode(x="w:Q")
-    label = alt.Chart(rule_data).mark_text(align="left", dx=5, dy=8, color="#d62728", baseline="top").encode(
-        x="w:Q", y=alt.value(0), text="label:N")
-    chart = alt.layer(bars, rule, label).properties(
-        width=560, height=260,
+
+    def panel(name: str, colour: str, bottom: bool):
+        bars = alt.Chart(frame).transform_filter(alt.datum.rank == name).mark_bar(
+            color=colour, stroke="white", strokeWidth=0.3).encode(
+            x=alt.X("lo:Q", title=X_TITLE if bottom else None, scale=alt.Scale(domain=[0, 1]), bin="binned",
+                    axis=alt.Axis(labels=bottom)),
+            x2="hi:Q",
+            y=alt.Y("share_pct:Q", title=f"% of {'first choices' if name.startswith('first') else 'ranks 2..k'}"),
+            tooltip=["rank:N", alt.Tooltip("lo:Q", title="from w"), alt.Tooltip("hi:Q", title="to w"),
+                     alt.Tooltip("share_pct:Q", format=".2f", title="% of the group"), "count:Q"],
+        )
+        rule = alt.Chart(rule_data).mark_rule(color="#d62728", strokeWidth=2, strokeDash=[6, 3]).encode(x="w:Q")
+        layers = [bars, rule]
+        if not bottom:
+            layers.append(alt.Chart(rule_data).mark_text(align="left", dx=5, dy=6, color="#d62728", baseline="top")
+                          .encode(x="w:Q", y=alt.value(0), text="label:N"))
+        return alt.layer(*layers).properties(width=PLOT_WIDTH, height=170,
+                                             title=alt.TitleParams(name, fontSize=13, anchor="start"))
+
+    chart = alt.vconcat(panel("first choice (rank 1)", "#4c78a8", False), panel("ranks 2..k", "#f58518", True),
+                        spacing=10).properties(
         title=title("Gate-weight distribution of the selected experts", synthetic,
-                    f"{above:.1f}% of selected experts have w >= {threshold:g}; mean first-choice weight "
-                    f"{float(w64[..., 0].mean()):.3f}"))
-    caption = (f"Distribution of the normalized gate weights of every selected expert (all tokens and layers), "
-               f"first choices apart from the others. The dashed line is the 0.15 rule's threshold: a miss below it "
-               f"(and not the first choice) is substituted instead of fetched; {above:.1f}% of selected experts lie "
-               "at or above it.")
+                    f"{above:.1f}% of selected experts have w >= {threshold:g} ({above_rest:.1f}% of ranks 2..k); "
+                    f"mean first-choice weight {float(w64[..., 0].mean()):.3f}"))
+    caption = (f"Distribution of the normalized gate weights of every selected expert (all tokens and layers): "
+               f"first choices (top) and the other selected experts (bottom), each panel in % of its own group "
+               f"(first choices are 1 in k selections). The dashed line is the 0.15 rule's threshold: a miss below "
+               f"it (and not the first choice) is substituted instead of fetched; {above:.1f}% of all selected "
+               "experts lie at or above it.")
     return Figure("gate_weights", chart, caption)
 
 

@@ -75,18 +75,21 @@ def vega_bundle(vl_version: str) -> str:
     except OSError:
         pass
     text = vlc.javascript_bundle(vl_version=vl_version)  # type: ignore[call-arg]  # the snippet is optional
-    try:
-        from moesim.files import write_text
+    from moesim.errors import MoesimError
+    from moesim.files import write_text
 
+    try:
         write_text(text, path)
-    except OSError:
-        pass  # a read-only home only costs the rebuild next time
+    except (OSError, MoesimError):
+        pass  # a read-only or full home only costs the rebuild next time
     return text
 
 
 def _script_json(doc) -> str:
-    # "</" cannot end the <script> element early once written as "<\\/"; JSON parses it back.
-    return json.dumps(doc, separators=(",", ":")).replace("</", "<\\/")
+    # every <, > and & as a \\u escape: neither "</script>" nor "<!--" can end or change the element
+    from moesim.textsafe import script_json
+
+    return script_json(doc)
 
 
 def table_html(table) -> str:

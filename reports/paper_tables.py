@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BASELINE_EVICTIONS = ("lru", "lfu", "static", "belady")
+WRAP = {"policy": "2.3cm", "preset": "1.35cm"}  # LaTeX: these cells wrap, so the table fits a column
+HIT_COLUMNS = {"lru": "LRU (%)", "lfu": "LFU (%)", "static": "static (%)", "belady": "Belady (%)"}
 PPL_COLUMN = "ΔPPL (%)"
 
 @dataclass
@@ -33,7 +35,7 @@ class PaperTable:
         from moesim.reports.tables import Column, Table, latex_escape
 
         cols = [Column(c, c, align="r" if (self.frame[c].dtype.is_numeric() or c == PPL_COLUMN) else "l",
-                       latex=_latex_header(c, latex_escape)) for c in self.frame.columns]
+                       latex=_latex_header(c, latex_escape), wrap=WRAP.get(c)) for c in self.frame.columns]
         cells = [[cell_text(row[c], self.formats.get(c)) for c in self.frame.columns]
                  for row in self.frame.iter_rows(named=True)]
         return Table(self.title, cols, cells, self.caption)
@@ -46,7 +48,7 @@ class PaperTable:
     def latex(self) -> str:
         from moesim.reports.tables import to_latex
 
-        return to_latex(self.table(), label=f"tab:moesim-{self.name}")
+        return to_latex(self.table(), label=f"tab:moesim-{self.name.replace('_', '-')}")
 
     def write(self, directory: Path) -> dict[str, Path]:
         from moesim.files import write_table, write_text
@@ -59,9 +61,14 @@ class PaperTable:
 
 
 _LATEX_SYMBOLS = {"Δ": r"$\Delta$", "×": r"$\times$"}
+# two-line LaTeX headers (a newline breaks the line), so narrow numeric columns stay narrow
+_LATEX_HEADS = {"mass/step": "mass\nper step", "ms/token": "ms per\ntoken", "1st choice": "1st\nchoice",
+                "reuse next": "reuse\nnext", "reuse chance": "reuse\nchance"}
 
 
 def _latex_header(header: str, escape) -> str | None:
+    if header in _LATEX_HEADS:
+        return _LATEX_HEADS[header]
     if not any(ch in header for ch in _LATEX_SYMBOLS):
         return None
     return "".join(_LATEX_SYMBOLS.get(ch) or escape(ch) for ch in header)
@@ -97,41 +104,40 @@ def routing_profile_table(prof: dict, hit_rates: dict[float, dict[str, float]]) 
     for b in sorted(hit_rates):
         h = hit_rates[b]
         rows.append({
-            "model": prof["model"] + (" (synthetic)" if prof["synthetic"] else ""),
-            "budget (% of experts)": 100 * b,
-            "reuse at next token": prof["reuse_next_token"],
-            "reuse by chance": prof["reuse_chance_marginal"],
-            "working set 95% (% of experts)": 100 * prof["working_set_95"],
-            **{f"{ev} hit (%)" if ev != "belady" else "Belady hit (%)": 100 * h[ev] for ev in BASELINE_EVICTIONS},
+            "budget (%)": 100 * b,
+            "reuse next": prof["reuse_next_token"],
+            "reuse chance": prof["reuse_chance_marginal"],
+            "WS95 (%)": 100 * prof["working_set_95"],
+            **{HIT_COLUMNS[ev]: 100 * h[ev] for ev in BASELINE_EVICTIONS},
         })
     frame = pl.DataFrame(rows)
-    rename = {"lru hit (%)": "LRU hit (%)", "lfu hit (%)": "LFU hit (%)"}
-    frame = frame.rename({k: v for k, v in rename.items() if k in frame.columns})
     formats = {c: ".1f" for c in frame.columns if "(%" in c}
-    formats.update({"reuse at next token": ".3f", "reuse by chance": ".3f"})
+    formats.update({"reuse next": ".3f", "reuse chance": ".3f"})
     caption = (f"Routing profile of {prof['model']}"
                + (" (SYNTHETIC trace, not recorded from the model)" if prof["synthetic"] else "")
                + f": {prof['tokens']} tokens, {prof['n_layers']} MoE layers x {prof['experts']} experts, "
-               f"top-{prof['top_k']}. Reuse = mean share of a token's experts selected again at the next token; "
-               "chance = the same for independent draws from each layer's expert popularity; working set = fewest "
-               "experts carrying 95% of a layer's requests (mean over layers). Hit rates: fetch-all replays with "
-               "per-layer caches of the given budget, cold start; static pins each layer's most requested experts "
-               "over the whole trace and Belady is the offline optimum (both use future knowledge).")
+               f"top-{prof['top_k']}. Budget = cache size in % of each layer's experts. Reuse next = mean share of a "
+               "token's experts selected again at the next token; reuse chance = the same for independent draws "
+               "from each layer's expert popularity; WS95 = fewest experts carrying 95% of a layer's requests, in % "
+               "of its experts (mean over layers). LRU, LFU, static, Belady: hit rate (% of requests) of fetch-all "
+               "replays with per-layer caches of the given budget, cold start; static pins each layer's most "
+               "requested experts over the whole trace and Belady is the offline optimum (both use future "
+               "knowledge).")
     return PaperTable("routing_profile", "Routing profile and baseline hit rates", caption, frame, formats)
 
 
 def policy_rows(configs):
-    """The rows a paper prints: every named preset and every Pareto-optimal config (time vs mass) of
-    each group (cache size, allocation, batch), fastest first within a group. Adds ``speedup_preset``:
-    the time per token of the group's fetch-all preset divided by the row's."""
+    """The rows a paper prints: every named preset and every Pareto-optimal config (time vs mass, within
+    its first-choice class) of each group (cache size, allocation, batch); per group the policies that
+    always run the first choice first, fastest first within a class. ``speedup`` is the sweep's (over
+    its one baseline, sweeps/ranking.py)."""
     import polars as pl
 
-    is_fetch_all = pl.col("preset").fill_null("").str.split(",").list.contains("fetch-all")
-    base = configs.filter(is_fetch_all).group_by("group_key").agg(pl.col("s_per_token").first().alias("_base"))
     keep = pl.col("preset").is_not_null() | pl.col("pareto")
-    return (configs.filter(keep).join(base, on="group_key", how="left")
-            .with_columns((pl.col("_base") / pl.col("s_per_token")).alias("speedup_preset")).drop("_base")
-            .sort(["size", "allocation", "batch", "s_per_token", "label"], nulls_last=True))
+    return (configs.filter(keep)
+            .with_columns((~pl.col("keeps_first_choice")).alias("_class"))
+            .sort(["size", "allocation", "batch", "_class", "s_per_token", "label"], nulls_last=True)
+            .drop("_class"))
 
 
 def policy_table(configs, *, model: str, synthetic: bool, priced_as: str | None) -> PaperTable:
@@ -141,37 +147,50 @@ def policy_table(configs, *, model: str, synthetic: bool, priced_as: str | None)
     rows = policy_rows(configs)
     timed = rows["s_per_token"].is_not_null().any()
     out = {
-        "policy": [p if p else "" for p in rows["preset"].to_list()],
-        "eviction / miss / admission": rows["policy"].to_list(),
+        "preset": [p if p else "" for p in rows["preset"].to_list()],
+        "policy": rows["policy"].to_list(),
     }
     if rows["budget"].is_null().any():
         out["cache"] = rows["size_label"].to_list()
     else:
-        out["budget (% of experts)"] = (100 * rows["budget"]).to_list()
+        out["budget (%)"] = (100 * rows["budget"]).to_list()
     out.update({
         "hit (%)": (100 * rows["hit_rate"]).to_list(),
-        "substituted (%)": (100 * rows["substitution_rate"]).to_list(),
-        "mass per step": rows["mass_per_step"].to_list(),
+        "subst. (%)": (100 * rows["substitution_rate"]).to_list(),
+        "drop (%)": (100 * rows["drop_rate"]).to_list(),
+        "mass/step": rows["mass_per_step"].to_list(),
     })
     if timed:
-        out["ms per token"] = (1e3 * rows["s_per_token"]).to_list()
-        out["speed-up (×)"] = rows["speedup_preset"].to_list()
+        out["ms/token"] = (1e3 * rows["s_per_token"]).to_list()
+        out["speed-up (×)"] = rows["speedup"].to_list()
+    out["1st choice"] = ["kept" if k else "may lose" for k in rows["keeps_first_choice"].to_list()]
+    fits = rows["fits_in_vram"].to_list() if "fits_in_vram" in rows.columns else []
+    unfit = timed and any(f is False for f in fits)
+    if unfit:
+        out["fits"] = ["" if f is None else ("yes" if f else "NO") for f in fits]
     out[PPL_COLUMN] = [None] * len(rows)
     frame = pl.DataFrame(out, schema_overrides={PPL_COLUMN: pl.Utf8})
-    formats = {"budget (% of experts)": ".1f", "hit (%)": ".1f", "substituted (%)": ".1f", "mass per step": ".4f",
-               "ms per token": ".2f", "speed-up (×)": ".2f"}
+    formats = {"budget (%)": ".1f", "hit (%)": ".1f", "subst. (%)": ".1f", "drop (%)": ".1f", "mass/step": ".4f",
+               "ms/token": ".2f", "speed-up (×)": ".2f"}
+    baselines = sorted({b for b in rows["baseline"].to_list() if b}) if "baseline" in rows.columns else []
     caption = (f"Expert-caching policies for {model}"
                + (" (SYNTHETIC trace, not recorded from the model)" if synthetic else "")
                + ": the named presets and the Pareto-optimal configurations (time per token vs substituted gate "
-               "mass) of each budget. Substituted = share of expert requests served by a substitute or dropped; "
-               "mass = summed normalized gate weight of the substituted experts per (token, layer) step. "
-               + (f"Time priced as {priced_as}; speed-up = time per token of the fetch-all preset (LRU, every "
-                  "miss fetched) at the same budget divided by the row's. " if timed
+               "mass, within a first-choice class) of each budget. Policy = eviction / miss policy / background "
+               "admission threshold. Subst. = share of expert requests served by a substitute expert; drop = "
+               "share dropped (no substitute resident); mass = summed normalized gate weight of the substituted "
+               "and dropped experts per (token, layer) step. 1st choice: kept = the policy always runs the "
+               "router's first choice (substituted mass tracks the perplexity increase within this class only); "
+               "may lose = it may substitute or drop it. "
+               + (f"Time priced as {priced_as}; speed-up = time per token of {', '.join(baselines) or 'the baseline'} "
+                  "at the same budget divided by the row's. " if timed
                   else "Not priced (no model preset for the trace). ")
+               + ("WARNING: the rows marked fits = NO need more VRAM for their cache than the machine has free for "
+                  "experts; their times describe a machine that does not exist. " if unfit else "")
                # ASCII only: pdflatex rejects a bare Δ in running text
                + "The last column is left empty for the perplexity change measured with the real model.")
     return PaperTable("policies", "Policies: substitution, mass and time per token", caption, frame, formats)
 
 
-__all__ = ["PaperTable", "cell_text", "baseline_hit_rates",
+__all__ = ["PaperTable", "cell_text", "baseline_hit_rates", "HIT_COLUMNS",
            "routing_profile_table", "policy_table", "policy_rows", "BASELINE_EVICTIONS", "PPL_COLUMN"]

@@ -10,6 +10,7 @@ from moesim.traces.routing import Routing
 WORKING_SET_SHARE = 0.95
 GATE_THRESHOLD = 0.15
 SIMILARITY_MEASURE = "weighted_jaccard"
+MAX_DOMAINS = 24  # domains compared and charted by name (the rest: "other domains"), by tokens
 # Steps per block when comparing consecutive selections: bounds the [n, L, k, k] temporary.
 _PAIR_BLOCK = 4096
 
@@ -59,14 +60,26 @@ def _as_fraction(x: float) -> tuple[int, int]:
     return f.numerator, f.denominator
 
 
-def domain_similarity(r: Routing) -> dict:
+def top_domains(codes: np.ndarray, limit: int = MAX_DOMAINS) -> tuple[list[int], int]:
+    """(domain codes present in ``codes``, at most ``limit``, the ones with the most tokens, in code order;
+    how many domains are present in all)."""
+    counts = np.bincount(codes[codes >= 0].astype(np.int64))
+    present = np.flatnonzero(counts)
+    if len(present) > limit:
+        present = np.sort(present[np.argsort(-counts[present], kind="stable")[:limit]])
+    return [int(c) for c in present], int(np.count_nonzero(counts))
+
+
+def domain_similarity(r: Routing, limit: int = MAX_DOMAINS) -> dict:
     """Weighted Jaccard similarity of the domains' expert-request distributions, per layer, averaged over layers.
 
     For domains a, b and one layer, p_a(e) = share of domain a's requests in that layer that went to expert e;
     similarity = sum_e min(p_a, p_b) / sum_e max(p_a, p_b): 1 for identical use, 0 for disjoint expert sets.
-    Only domains with at least one token appear; tokens without a domain are left out."""
+    Only domains with at least one token appear; tokens without a domain are left out. A trace with more than
+    ``limit`` domains (one per prompt, say) compares the ``limit`` with the most tokens; ``domains_total`` then
+    says how many there are (the matrix costs D^2 x L x E, and no chart shows thousands of rows)."""
     codes = np.asarray(r.domain)
-    present = [int(c) for c in np.unique(codes) if c >= 0]
+    present, total = top_domains(codes, limit)
     names = [r.domain_names[c] for c in present]
     if not present:
         return {"measure": SIMILARITY_MEASURE, "domains": [], "matrix": []}
@@ -80,7 +93,10 @@ def domain_similarity(r: Routing) -> dict:
             lo = np.minimum(dist[a], dist[b]).sum(axis=1)
             hi = np.maximum(dist[a], dist[b]).sum(axis=1)
             matrix[a, b] = matrix[b, a] = float(np.mean(lo / hi))
-    return {"measure": SIMILARITY_MEASURE, "domains": names, "matrix": matrix.tolist()}
+    out: dict[str, object] = {"measure": SIMILARITY_MEASURE, "domains": names, "matrix": matrix.tolist()}
+    if total > len(present):
+        out["domains_total"] = total
+    return out
 
 
 def gate_stats(w: np.ndarray) -> dict:

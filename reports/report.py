@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moesim.errors import MoesimError
+from moesim.files import atomic_dir, check_output
 
 MANIFEST = "report.json"
 FOCUS_SIZE = 0.25  # the per-token series replay the presets at the sweep's budget nearest 25% (the papers' ~25%)
@@ -42,12 +42,14 @@ def _presets() -> dict[str, dict]:
     return PRESETS
 
 
-def load_results(path, digest: str | None = None) -> SweepData:
+def load_results(path, digest: str | None = None, baseline: str | None = None) -> SweepData:
     """Read a sweep's results (and its .layers.parquet) and keep the rows of one trace and one
     machine pricing, with the columns the charts and tables use:
     size (fraction of experts, null for --slots sweeps), size_label, policy, preset (null if none),
-    speedup, pareto and the store's counters and rates. ``path`` may also be an object with
-    ``rows`` and ``layers`` frames (a SweepOutcome of ``run_sweep`` without an output file)."""
+    speedup, baseline, keeps_first_choice, pareto and the store's counters and rates. The speed-up,
+    rank and Pareto flag are recomputed (sweeps/ranking.py) over ``baseline``: by default the one the
+    sweep used. ``path`` may also be an object with ``rows`` and ``layers`` frames (a SweepOutcome of
+    ``run_sweep`` without an output file)."""
     import polars as pl
 
     from moesim.sweeps.store import layers_path
@@ -64,13 +66,14 @@ def load_results(path, digest: str | None = None) -> SweepData:
             raise MoesimError(f"{path}: not a readable Parquet file ({exc})") from None
         lp = layers_path(path)
         layers = pl.read_parquet(lp) if lp.is_file() else None
-    need = {"row_key", "trace_digest", "eviction", "miss", "admit", "budget", "hit_rate", "substitution_rate",
-            "mass_per_step", "s_per_token", "speedup_vs_fetch_all", "pareto", "preset", "policy"}
+    need = {"row_key", "trace_digest", "group_key", "eviction", "miss", "admit", "budget", "hit_rate",
+            "substitution_rate", "mass_per_step", "s_per_token", "preset", "policy"}
     missing = sorted(need - set(rows.columns))
     if missing:
         raise MoesimError(f"{path}: not a moesim sweep results file (missing columns: {', '.join(missing)})")
     if rows.height == 0:
         raise MoesimError(f"{path}: holds no results")
+    rows = _ranked(rows, baseline)
     notes = []
     digests = rows["trace_digest"].unique(maintain_order=True).to_list()
     if digest is not None:
@@ -100,7 +103,6 @@ def load_results(path, digest: str | None = None) -> SweepData:
         .then(pl.format("budget {}%", (100 * pl.col("budget")).round(4).cast(pl.Utf8).str.replace(r"\.0$", "")))
         .otherwise(pl.format("{} slots/layer", pl.col("slots_per_layer"))).alias("size_label"),
         pl.when(pl.col("preset").fill_null("") == "").then(None).otherwise(pl.col("preset")).alias("preset"),
-        pl.col("speedup_vs_fetch_all").alias("speedup"),
         # the sweep's policy label leaves out allocation and batch; rows of different groups must not look alike
         (pl.col("policy")
          + pl.when(pl.col("allocation") == "global").then(pl.lit(" / global")).otherwise(pl.lit(""))
@@ -121,6 +123,42 @@ def load_results(path, digest: str | None = None) -> SweepData:
                      model=str(rows["model_id"][0]) if "model_id" in rows.columns else "?",
                      synthetic=bool(rows["synthetic"].any()) if "synthetic" in rows.columns else False,
                      priced_as=str(rows["priced_as"][0]) if priced else None, notes=notes)
+
+
+def _ranked(rows, baseline: str | None):
+    """The sweep's derived columns recomputed (files of older versions lack some) over one baseline."""
+    from moesim.sweeps.grid import DEFAULT_BASELINE
+    from moesim.sweeps.ranking import annotate
+    from moesim.sweeps.store import conform_rows
+
+    try:
+        rows = conform_rows(rows)
+    except Exception as exc:  # a column of the wrong type: not a file moesim wrote
+        raise MoesimError(f"not a readable moesim sweep results file ({exc})") from None
+    if baseline is None:
+        from moesim.sweeps.grid import baseline_policy
+
+        stored = [b for b in rows["baseline"].unique().to_list() if b]
+        baseline = stored[0] if len(stored) == 1 else DEFAULT_BASELINE
+        try:
+            baseline_policy(baseline)
+        except MoesimError:  # not one this version writes: the default
+            baseline = DEFAULT_BASELINE
+    ranked_by = rows["ranked_by"].drop_nulls()
+    rank_by = "time" if ranked_by.len() and not ranked_by[0].startswith("1st-choice") else "class"
+    return annotate(rows, baseline, rank_by)
+
+
+def unfit_warnings(rows) -> list[str]:
+    """One line per cache size whose cache does not fit in the machine's VRAM."""
+    import polars as pl
+
+    if "fits_in_vram" not in rows.columns:
+        return []
+    bad = rows.filter(pl.col("fits_in_vram").not_().fill_null(False)).unique("size_label", maintain_order=True)
+    return [f"WARNING: at {r['size_label']} the cache needs {r['vram_gib_for_cache']:.1f} GiB of VRAM and {r['hw']} "
+            f"has {r['vram_gib_free'] or 0:.1f} GiB free for experts: the times of that budget describe a machine "
+            "that does not exist (choose a smaller budget or quantization)" for r in bad.iter_rows(named=True)]
 
 
 def _budget_sizes(sweep: SweepData | None, routing) -> list[float]:
@@ -171,7 +209,7 @@ def hit_rate_curve(routing, sizes: list[float]):
 
 def build_report(out: str | os.PathLike, *, results=None,
                  trace: str | os.PathLike | None = None, budgets: list[float] | None = None,
-                 title: str | None = None, progress=None) -> dict:
+                 title: str | None = None, progress=None, baseline: str | None = None) -> dict:
     """Write a report directory at ``out`` from sweep ``results`` (a results.parquet, or a SweepOutcome)
     and/or a ``trace``; returns the manifest.
 
@@ -180,8 +218,11 @@ def build_report(out: str | os.PathLike, *, results=None,
     t0 = time.perf_counter()
     if results is None and trace is None:
         raise MoesimError("give sweep results, a trace, or both")
+    from moesim.sweeps.store import layers_path
+
     out = Path(out)
-    _check_destination(out)
+    inputs = [trace] + ([results, layers_path(results)] if isinstance(results, (str, os.PathLike)) else [])
+    _check_destination(out, inputs)
     say = progress or (lambda msg: None)
     notes: list[str] = []
 
@@ -192,7 +233,7 @@ def build_report(out: str | os.PathLike, *, results=None,
         routing = load_routing(trace)
     sweep = None
     if results is not None:
-        sweep = load_results(results, digest=routing.digest if routing is not None else None)
+        sweep = load_results(results, digest=routing.digest if routing is not None else None, baseline=baseline)
         notes += sweep.notes
         if routing is None:
             routing = _recorded_trace(sweep, notes)
@@ -202,9 +243,8 @@ def build_report(out: str | os.PathLike, *, results=None,
         budgets = _budget_sizes(sweep, routing)
     budgets = sorted({float(b) for b in budgets})
 
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    # built in a temporary directory beside ``out`` (a killed run's is removed by the next one), renamed into place
+    with atomic_dir(out, inputs=inputs) as tmp:
         (tmp / "charts").mkdir(parents=True)
         (tmp / "tables").mkdir()
         figures, tables = _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say)
@@ -212,9 +252,6 @@ def build_report(out: str | os.PathLike, *, results=None,
                           synthetic=synthetic, notes=notes, title=title, say=say)
         manifest["seconds"] = round(time.perf_counter() - t0, 2)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        _publish(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return manifest
 
 
@@ -263,6 +300,7 @@ def _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say):
         if sweep.layers is not None:
             figures.append(cs.layer_heatmap(rows, sweep.layers, synthetic=synthetic))
         tables.append(pt.policy_table(rows, model=sweep.model, synthetic=synthetic, priced_as=sweep.priced_as))
+        notes += unfit_warnings(rows)
     if routing is not None:
         from moesim.reports.profile import profile
 
@@ -337,6 +375,12 @@ def _write(tmp: Path, out: Path, figures, tables, *, sweep, routing, model, synt
     if sweep is not None:
         meta_rows += [("sweep results", str(sweep.path)), ("configs", f"{sweep.rows.height:,}"),
                       ("priced as", sweep.priced_as or "not priced")]
+        choice = sorted({q for q in sweep.rows["quant_choice"].to_list() if q}) if sweep.priced_as else []
+        if choice:
+            meta_rows.append(("quantization", "; ".join(choice)))
+        baselines = sorted({b for b in sweep.rows["baseline"].to_list() if b})
+        if baselines:
+            meta_rows.append(("speed-up over", ", ".join(baselines)))
     meta_rows.append(("generated by", f"moesim {__version__}"))
     page_title = title or (f"moesim report: {model}" + (" (synthetic trace)" if synthetic else ""))
     banner = ("Synthetic trace: the routing was generated by moesim synth to mimic published statistics; it was "
@@ -351,43 +395,10 @@ def _write(tmp: Path, out: Path, figures, tables, *, sweep, routing, model, synt
             "notes": notes, "files": {"html": "index.html", **files}}
 
 
-def _check_destination(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise MoesimError(f"{out}: exists and is not a directory")
+def _check_destination(out: Path, inputs) -> None:
+    check_output(out, inputs, directory=True)
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise MoesimError(f"{out}: exists and is not a moesim report (no {MANIFEST}); pick another -o or remove it")
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        at_fdcwd, rename_exchange = -100, 2
-        return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    """Move the finished directory into place. Replacing an old report is one atomic exchange on
-    Linux; elsewhere two renames, with a moment in which ``out`` does not exist."""
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    if _exchange(tmp, out):
-        shutil.rmtree(tmp, ignore_errors=True)  # now the old report
-        return
-    old = out.with_name(f".{out.name}.{os.getpid()}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    os.rename(out, old)
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 __all__ = ["build_report", "load_results", "hit_rate_curve", "SweepData", "MANIFEST"]

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from moesim.textsafe import markdown, term
 
 SYNTHETIC_TAG = "SYNTHETIC trace"
 
@@ -22,6 +24,7 @@ class Column:
     fmt: Callable[[object], str] = str
     align: str = "r"  # r | l
     latex: str | None = None  # header in LaTeX, when it needs markup
+    wrap: str | None = None  # LaTeX: a paragraph column of this width (e.g. "2.4cm") whose cells wrap at spaces
 
 
 @dataclass
@@ -30,6 +33,10 @@ class Table:
     columns: list[Column]
     cells: list[list[str]]
     note: str = ""
+    lines: list[str] = field(default_factory=list)  # further header lines: what the numbers assume, warnings
+
+
+WIDTH = 120  # terminal tables fit this many columns by default (--wide shows every column)
 
 
 def _f(spec: str, scale: float = 1.0) -> Callable[[object], str]:
@@ -52,6 +59,14 @@ def _flag(v) -> str:
     return "*" if v else ""
 
 
+def _kept(v) -> str:
+    return "" if v is None else ("kept" if v else "may lose")
+
+
+def _fits(v) -> str:
+    return "" if v is None else ("yes" if v else "NO")
+
+
 def cells(rows: list[dict], columns: list[Column]) -> list[list[str]]:
     return [[c.fmt(r.get(c.key)) for c in columns] for r in rows]
 
@@ -59,28 +74,43 @@ def cells(rows: list[dict], columns: list[Column]) -> list[list[str]]:
 # ---------------------------------------------------------------------------------------------- renderers
 
 
-def to_text(t: Table) -> str:
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
+
+
+def to_text(t: Table, width: int = WIDTH) -> str:
     heads = [c.header for c in t.columns]
-    widths = [max(len(h), *(len(row[i]) for row in t.cells)) if t.cells else len(h) for i, h in enumerate(heads)]
+    rows = [[term(v) for v in row] for row in t.cells]  # model ids and domains come from data files
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(heads)]
+
+    # one space between two right-aligned (numeric) columns: their headers keep them apart; two elsewhere
+    seps = [""] + [" " if (a.align, b.align) == ("r", "r") else "  " for a, b in zip(t.columns, t.columns[1:])]
 
     def line(vals):
-        return "  ".join(v.rjust(w) if c.align == "r" else v.ljust(w)
-                         for v, w, c in zip(vals, widths, t.columns)).rstrip()
+        return "".join(sep + (v.rjust(w) if c.align == "r" else v.ljust(w))
+                       for sep, v, w, c in zip(seps, vals, widths, t.columns)).rstrip()
 
-    out = [t.title, line(heads), line(["-" * w for w in widths])] + [line(r) for r in t.cells]
+    # the header text wraps to the table (at least to ``width``): long titles must not widen a terminal table
+    wrap_at = max(width, len(line(heads)))
+    out = _wrap(term(t.title), wrap_at, "  ") + [w for extra in t.lines for w in _wrap(term(extra), wrap_at, "  ")]
+    out += [line(heads), line(["-" * w for w in widths])] + [line(r) for r in rows]
     if t.note:
-        out.append(t.note)
+        out += _wrap(term(t.note), wrap_at)
     return "\n".join(out)
 
 
 def _md_escape(s: str) -> str:
-    return s.replace("|", "\\|")
+    return markdown(s)  # no raw HTML, no line or column break from a model id
 
 
 def to_markdown(t: Table) -> str:
-    out = [f"**{_md_escape(t.title)}**", "",
-           "| " + " | ".join(_md_escape(c.header) for c in t.columns) + " |",
-           "|" + "|".join("---:" if c.align == "r" else ":---" for c in t.columns) + "|"]
+    out = [f"**{_md_escape(t.title)}**", ""]
+    if t.lines:
+        out += [_md_escape(" ".join(t.lines)), ""]
+    out += ["| " + " | ".join(_md_escape(c.header) for c in t.columns) + " |",
+            "|" + "|".join("---:" if c.align == "r" else ":---" for c in t.columns) + "|"]
     out += ["| " + " | ".join(_md_escape(v) for v in row) + " |" for row in t.cells]
     if t.note:
         out += ["", _md_escape(t.note)]
@@ -92,28 +122,59 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
 
 
 def latex_escape(s: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in s)
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in term(s))
+
+
+def latex_label(name: str) -> str:
+    """A \\label key: letters, digits, ':' and '-' only, so it needs no escaping (and pdflatex accepts it)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9:-]+", "-", name).strip("-")
+
+
+# A table wider than the text is scaled down to it (graphicx's \resizebox), never past the margin; one that
+# fits keeps its natural size. The natural width goes to the log, for the tests and for a curious author.
+_LATEX_FIT = (r"\ifdim\wd0>\linewidth\resizebox{\linewidth}{!}{\usebox0}\else\usebox0\fi"
+              r"\typeout{moesim table width: \the\wd0}")
+
+
+def _latex_head(c: Column) -> str:
+    """A header cell; "name (unit)" stacks the unit under the name (and a newline in ``latex`` breaks the
+    line there), so numeric columns stay as narrow as their numbers."""
+    text = c.latex if c.latex is not None else latex_escape(c.header)
+    if "\n" not in text:
+        name, sep, unit = text.partition(" (")
+        if not sep or not name:
+            return text
+        text = f"{name}\n({unit}"
+    return rf"\begin{{tabular}}[b]{{@{{}}{c.align}@{{}}}}" + r"\\".join(text.split("\n")) + r"\end{tabular}"
 
 
 def to_latex(t: Table, label: str | None = None) -> str:
-    spec = "".join(c.align for c in t.columns)
-    head = " & ".join(c.latex if c.latex is not None else latex_escape(c.header) for c in t.columns)
-    caption = latex_escape(t.title) + (f". {latex_escape(t.note)}" if t.note else "")
-    out = [r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{caption}}}"]
+    spec = "".join(f"p{{{c.wrap}}}" if c.wrap else c.align for c in t.columns)
+    head = " & ".join(_latex_head(c) for c in t.columns)
+    caption = ". ".join(latex_escape(x.rstrip(".")) for x in [t.title, *t.lines, t.note] if x) + "."
+
+    def cell(v: str, c: Column) -> str:
+        return (r"\raggedright " if c.wrap and v else "") + latex_escape(v)
+
+    out = [r"% moesim table: needs \usepackage{graphicx} (\resizebox: only if wider than the text)",
+           r"\begin{table}[t]", r"\centering", r"\footnotesize", r"\setlength{\tabcolsep}{2.5pt}",
+           rf"\caption{{{caption}}}"]
     if label:
-        out.append(rf"\label{{{latex_escape(label)}}}")
-    out += [rf"\begin{{tabular}}{{{spec}}}", r"\hline", head + r" \\", r"\hline"]
-    out += [" & ".join(latex_escape(v) for v in row) + r" \\" for row in t.cells]
-    out += [r"\hline", r"\end{tabular}", r"\end{table}"]
+        out.append(rf"\label{{{latex_label(label)}}}")
+    out += [rf"\sbox0{{\begin{{tabular}}{{{spec}}}", r"\hline", head + r" \\", r"\hline"]
+    out += [" & ".join(cell(v, c) for v, c in zip(row, t.columns)) + r" \\" for row in t.cells]
+    out += [r"\hline", r"\end{tabular}}", _LATEX_FIT, r"\end{table}"]
     return "\n".join(out)
 
 
-def render(tables: list[Table], fmt: str) -> str:
+def render(tables: list[Table], fmt: str, width: int = WIDTH) -> str:
     if fmt == "markdown":
         return "\n\n".join(to_markdown(t) for t in tables)
     if fmt == "latex":
         return "\n\n".join(to_latex(t) for t in tables)
-    return "\n\n".join(to_text(t) for t in tables)
+    return "\n\n".join(to_text(t, width) for t in tables)
 
 
 def frame_csv(df) -> str:
@@ -129,22 +190,40 @@ def frame_json(df, **header) -> str:
 
 # ---------------------------------------------------------------------------------------------- sweep tables
 
+# The default columns fit a 120-column terminal and a one-column paper; --wide adds the rest.
 PRICED_COLUMNS = [
     Column("rank", "#", _text),
-    Column("policy", "policy", _text, "l"),
-    Column("preset", "preset", _text, "l"),
-    Column("ms_per_token", "ms/token", _f(".2f")),
-    Column("speedup_vs_fetch_all", "speed-up", _f(".2f"), latex=r"speed-up ($\times$)"),
-    Column("hit_rate", "hit %", _f(".1f", 100), latex=r"hit \%"),
-    Column("substitution_rate", "subst %", _f(".2f", 100), latex=r"subst.\ \%"),
-    Column("mass_per_step", "mass/step", _f(".4f"), latex="$m$/step"),
-    Column("first_choice_substitutions", "1st-choice subs", _int),
-    Column("gb_per_token_sync", "GB/tok sync", _f(".3f")),
-    Column("gb_per_token_background", "GB/tok bg", _f(".3f")),
+    Column("policy", "policy", _text, "l", wrap="2.3cm"),
+    Column("preset", "preset", _text, "l", wrap="1.35cm"),
+    Column("ms_per_token", "ms/tok", _f(".2f"), latex="ms per\ntoken"),
+    Column("speedup", "speed-up", _f(".2f"), latex=r"speed-up ($\times$)"),
+    Column("hit_rate", "hit%", _f(".1f", 100), latex=r"hit (\%)"),
+    Column("substitution_rate", "subst%", _f(".2f", 100), latex=r"subst. (\%)"),
+    Column("drop_rate", "drop%", _f(".2f", 100), latex=r"drop (\%)"),
+    Column("mass_per_step", "mass/step", _f(".4f"), latex="mass\nper step"),
+    Column("keeps_first_choice", "1st choice", _kept, "l", latex="1st\nchoice"),
     Column("pareto", "Pareto", _flag, "l"),
 ]
-_TIME_KEYS = {"ms_per_token", "speedup_vs_fetch_all", "gb_per_token_sync", "gb_per_token_background"}
-UNPRICED_COLUMNS = [c for c in PRICED_COLUMNS if c.key not in _TIME_KEYS]
+WIDE_COLUMNS = [
+    Column("first_choice_substitutions", "1st subst+drop", _int),
+    Column("gb_per_token_sync", "GB/tok sync", _f(".3f")),
+    Column("gb_per_token_background", "GB/tok bg", _f(".3f")),
+    Column("vram_gib_for_cache", "VRAM GiB", _f(".1f")),
+]
+FITS_COLUMN = Column("fits_in_vram", "fits", _fits, "l")
+_TIME_KEYS = {"ms_per_token", "speedup", "gb_per_token_sync", "gb_per_token_background", "vram_gib_for_cache"}
+NOTE_COLUMNS = ("subst% = requests served by a substitute expert; drop% = requests dropped (no substitute "
+                "resident); mass/step = gate weight of the substituted and dropped experts per (token, layer) step. "
+                "1st choice: kept = the policy always runs the router's first choice (substituted mass tracks the "
+                "perplexity increase within this class only); may lose = it may substitute or drop it.")
+
+
+def columns_for(priced: bool, wide: bool, any_unfit: bool) -> list[Column]:
+    cols = PRICED_COLUMNS[:-1] + (WIDE_COLUMNS if wide else []) + ([FITS_COLUMN] if any_unfit or wide else []) \
+        + PRICED_COLUMNS[-1:]
+    if not priced:
+        cols = [c for c in cols if c.key not in _TIME_KEYS and c.key != "fits_in_vram"]
+    return cols
 
 
 def _size(r: dict) -> str:
@@ -154,6 +233,7 @@ def _size(r: dict) -> str:
 
 
 def group_title(r: dict) -> str:
+    """What a group's rows are: trace, model, synthetic or real, cache size and how it is replayed."""
     data = SYNTHETIC_TAG if r["synthetic"] else "real trace"
     bits = [_size(r), r["allocation"]]
     if r["batch"] > 1:
@@ -164,27 +244,58 @@ def group_title(r: dict) -> str:
         bits.append(f"first {r['warmup_tokens']} tokens not counted")
     if r["reset_per_sequence"]:
         bits.append("reset per sequence")
-    priced = r["priced_as"] if r["priced"] else f"not priced ({r['priced_as']})"
-    return (f"{r['trace']} ({r['model_id']}, {data}): {', '.join(bits)}; {priced}; "
-            f"ranked by {r['ranked_by']}")
+    return f"{r['trace']} ({r['model_id']}, {data}): {', '.join(bits)}"
 
 
-def sweep_tables(df, top: int | None = None) -> list[Table]:
-    """One ranked table per group (trace, machine, cache size, allocation, batch...), in frame order."""
+def pricing_lines(members: list[dict]) -> list[str]:
+    """What the times assume (model, quantization, machine, baseline, ranking) and whether the cache fits."""
+    from collections import Counter
+
+    common = Counter(m["engine"] for m in members).most_common(1)[0][0]
+    r = next(m for m in members if m["engine"] == common)  # the grid's engine; presets may use their own
+    if not r["priced"]:
+        return [f"not priced ({r['priced_as']}); ranked by {r['ranked_by']}"]
+    profiles = sorted({f"the {m['preset']} preset with the {m['engine']} engine profile" if m["preset"] else
+                       f"{m['policy']} with the {m['engine']} engine profile" for m in members
+                       if m["engine"] != r["engine"]})
+    priced = r["priced_as"] + (f" ({'; '.join(profiles)})" if profiles else "")
+    lines = [f"priced as {priced}; speed-up over {r['baseline'] or '(no baseline row)'}; "
+             f"ranked by {r['ranked_by']}"]
+    unfit = [m for m in members if m.get("fits_in_vram") is False]
+    if unfit:
+        u = unfit[0]
+        free = u.get("vram_gib_free")
+        which = "these times" if len(unfit) == len(members) else "the times of the rows marked fits = NO"
+        lines.append(f"WARNING: this cache needs {u['vram_gib_for_cache']:.1f} GiB of VRAM"
+                     + (f" and {r['hw']} has {free:.1f} GiB free for experts" if free is not None else "")
+                     + f": it does not fit, so {which} describe a machine that does not exist (choose a smaller "
+                     "--budget or a smaller --quant)")
+    return lines
+
+
+def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict | None = None) -> list[Table]:
+    """One ranked table per group (trace, machine, cache size, allocation, batch...), in frame order.
+    ``dropped``: group_key -> how many rows a filter (--max-mass) left out, said in the note."""
     groups: dict[str, list[dict]] = {}
     for r in df.to_dicts():
         groups.setdefault(r["group_key"], []).append(r)
     tables = []
-    for members in groups.values():
+    for key, members in groups.items():
         members.sort(key=lambda r: r["rank"])
         shown = members[:top] if top else members
-        cols = PRICED_COLUMNS if members[0]["priced"] else UNPRICED_COLUMNS
-        note = "speed-up: vs fetch-all with the same eviction and cache size. Pareto: no other row is faster " \
-               "with less substituted mass." if members[0]["priced"] else \
-               "Not priced: ranked by hit rate. Pareto: no other row has a higher hit rate with less substituted mass."
+        priced = members[0]["priced"]
+        cols = columns_for(priced, wide, any(m.get("fits_in_vram") is False for m in members))
+        quant = members[0].get("quant_choice") or ""
+        note = ((f"Quantization {quant}. " if quant and not quant.endswith(": given") else "")
+                + NOTE_COLUMNS
+                + (" Pareto: no other row of its class is faster with less substituted mass." if priced else
+                   " Not priced: ranked by hit rate. Pareto: no other row of its class has a higher hit rate "
+                   "with less substituted mass."))
+        if dropped and dropped.get(key):
+            note += f" {dropped[key]} configs above the --max-mass limit left out."
         if len(shown) < len(members):
             note += f" Top {len(shown)} of {len(members)} configs."
-        tables.append(Table(group_title(members[0]), cols, cells(shown, cols), note))
+        tables.append(Table(group_title(members[0]), cols, cells(shown, cols), note, pricing_lines(members)))
     return tables
 
 

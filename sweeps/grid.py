@@ -1,18 +1,21 @@
 """Sweep grids: axes (from a TOML file and/or command-line flags) -> the list of configs to replay.
 
-The default grid (only a budget given) is every eviction but static-layers x {fetch-all,
-threshold:0.15, first-choice, substitute, cpu} x admission {none, 0.5}: 40 configs per cache size,
-plus the llama.cpp preset (static-layers + cpu) and its fetch-all baseline (42 rows), after removing
+The default grid (only a budget given) is the 6 evictions (all but static-layers) x 5 miss policies
+{fetch-all, threshold:0.15, first-choice, substitute, cpu} x admission {none, 0.5} = 60 combinations,
+of which 36 are replayed per cache size, plus the llama.cpp preset (static-layers + cpu): 37 rows.
+Left out:
 
 - admission where it cannot act (it would replay identically without it): fetch-all and cpu never
   substitute, static never admits (15 configs);
 - substitute without admission under a non-static eviction (5 configs): the cold cache never receives
   an expert, so every request is dropped (substituted mass 1 per step, 0% hits) — the fastest and
-  most useless row of any table. Asking for them explicitly (--miss substitute --admit none) keeps them.
+  most useless row of any table. Asking for them explicitly (--miss substitute --admit none) keeps them;
+- cpu under lfu, freq, fifo and belady (4 configs): nothing is ever cached, so it is one replay whatever
+  the eviction ("every expert computed on the CPU", llama.cpp --cpu-moe); it is kept once, under lru,
+  and labelled "no cache / cpu". static + cpu (the most requested experts pinned, the rest on the CPU)
+  is kept.
 
-The cpu miss policy under a non-static eviction is kept (5 configs): it is "every expert computed on
-the CPU" (llama.cpp --cpu-moe), a real baseline, identical whatever the eviction, so it is replayed
-once and reported under each eviction. The named presets are always added.
+The named presets and the speed-up baseline (default: the fetch-all preset) are always added.
 """
 
 from __future__ import annotations
@@ -21,16 +24,18 @@ import dataclasses
 import itertools
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 from moesim.errors import MoesimError
+from moesim.files import read_toml
 from moesim.policies import miss as miss_mod
 from moesim.policies import registry
 from moesim.simulator.config import SimConfig
 
 DEFAULT_ADMITS = (None, 0.5)
+# The config every speed-up divides by (sweeps/ranking.py): a preset name or "EVICTION / MISS [/ admit β]".
+DEFAULT_BASELINE = "fetch-all"
 
 # The fetch-all preset uses LRU: it is what offloading engines without a policy of their own run
 # (an LRU expert cache, e.g. Mixtral-offloading) and the eviction libCacheSim verifies most directly.
@@ -56,7 +61,7 @@ _AXIS_KEYS = {
     "hw": "hws",
     "quant": "quants",
 }
-_SCALAR_KEYS = ("model", "engine", "warm", "warmup_tokens", "reset_per_sequence")
+_SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence")
 # The engine profile each named preset is priced with (others: the grid's engine, default ideal).
 PRESET_ENGINES = {"llama.cpp": "llama.cpp"}
 
@@ -81,6 +86,7 @@ class Grid:
     warmup_tokens: int = 0
     reset_per_sequence: bool = False
     presets: bool = True  # add the named presets to every group (the API's simulate turns it off)
+    baseline: str = DEFAULT_BASELINE  # the speed-up reference, added to every group
 
     def override(self, **axes) -> Grid:
         """Command-line flags replace whole axes (None or an empty tuple: keep the file's)."""
@@ -115,9 +121,45 @@ def canonical(config: SimConfig) -> SimConfig:
     return config
 
 
-def baseline_of(config: SimConfig) -> SimConfig:
-    """fetch-all with the same eviction, cache size and everything else: the speed-up reference."""
-    return canonical(dataclasses.replace(config, miss="fetch-all", admit=None))
+def baseline_policy(spec: str = DEFAULT_BASELINE) -> tuple[str, str, float | None]:
+    """(eviction, miss, admit) of a baseline: a preset name (fetch-all, quality-first, ...) or a policy
+    written as the tables print it, "EVICTION / MISS [/ admit β]" (spaces optional: lru/fetch-all), or a
+    label as ``baseline_label`` writes it ("lru / fetch-all (fetch-all preset)")."""
+    spec = str(spec).strip()
+    if spec.endswith(" preset)") and " (" in spec:
+        spec = spec[: spec.rindex(" (")]
+    if spec in PRESETS:
+        p = PRESETS[spec]
+        return p["eviction"], p["miss"], p["admit"]
+    parts = [x.strip() for x in spec.split("/")]
+    if len(parts) not in (2, 3) or not all(parts):
+        raise MoesimError(f"bad baseline {spec!r}: give a preset ({', '.join(PRESETS)}) or EVICTION/MISS[/admit β], "
+                          "e.g. lru/fetch-all or freq/threshold:0.15/admit 0.5")
+    admit = None
+    if len(parts) == 3:
+        a = parts[2].removeprefix("admit").strip()
+        try:
+            admit = float(a)
+        except ValueError:
+            raise MoesimError(f"bad baseline {spec!r}: the third part is the admission threshold, "
+                              "e.g. 'admit 0.5'") from None
+    c = canonical(SimConfig(eviction=parts[0], miss=parts[1], admit=admit, slots=1))
+    return c.eviction, c.miss, c.admit
+
+
+def baseline_label(spec: str = DEFAULT_BASELINE) -> str:
+    """How tables and files name the baseline: 'lru / fetch-all (fetch-all preset)' or 'freq / fetch-all'
+    (``baseline_policy`` reads both back)."""
+    ev, miss, admit = baseline_policy(spec)
+    policy = " / ".join([ev, miss] + ([f"admit {admit:g}"] if admit is not None else []))
+    names = [n for n, p in PRESETS.items() if (p["eviction"], p["miss"], p["admit"]) == (ev, miss, admit)]
+    return policy + (f" ({names[0]} preset)" if names else "")
+
+
+def baseline_of(config: SimConfig, spec: str = DEFAULT_BASELINE) -> SimConfig:
+    """The baseline policy at the config's cache size, allocation, batch and start: its speed-up reference."""
+    ev, miss, admit = baseline_policy(spec)
+    return canonical(dataclasses.replace(config, eviction=ev, miss=miss, admit=admit))
 
 
 def never_cached(config: SimConfig) -> bool:
@@ -135,7 +177,7 @@ def replay_twin(config: SimConfig) -> SimConfig:
 
 
 def expand(config_axes: Grid) -> list[Planned]:
-    """Every config of the grid (deduplicated, in a stable order), the presets and the fetch-all baselines."""
+    """Every config of the grid (deduplicated, in a stable order), the presets and the speed-up baseline."""
     g = config_axes
     if not g.budgets and not g.slots:
         raise MoesimError("give a cache size: --budget F or --slots N (or budgets/slots in the --config file)")
@@ -144,6 +186,9 @@ def expand(config_axes: Grid) -> list[Planned]:
     admits = list(DEFAULT_ADMITS if g.admits is None else g.admits)
     sizes = [("budget", b) for b in g.budgets] + [("slots", s) for s in g.slots]
     out: dict[tuple, Planned] = {}
+    # never-cached cpu configs replay alike under every eviction: the default grid keeps one (lru if asked for)
+    unpinned = [e for e in evictions if not registry.get(registry.parse_eviction(e)[0]).pinned]
+    cpu_eviction = "lru" if "lru" in unpinned else (unpinned[0] if unpinned else None)
 
     def add(cfg: SimConfig, hw, quant):
         cfg = canonical(cfg)
@@ -158,13 +203,15 @@ def expand(config_axes: Grid) -> list[Planned]:
     for hw, quant, size, allocation, batch in itertools.product(g.hws, g.quants, sizes, g.allocations, g.batches):
         for eviction, miss, admit in itertools.product(evictions, misses, admits):
             cfg = make(size, allocation, batch, eviction, miss, admit)
-            if g.misses is None and cfg.miss == "substitute" and never_cached(cfg):
-                continue  # drops every expert: not a policy anyone runs (explicit --miss keeps it)
+            if g.misses is None and never_cached(cfg):
+                if cfg.miss == "substitute":
+                    continue  # drops every expert: not a policy anyone runs (explicit --miss keeps it)
+                if cfg.miss == "cpu" and cfg.eviction != cpu_eviction:
+                    continue  # nothing cached: the same replay under every eviction, kept once
             add(cfg, hw, quant)
         for p in PRESETS.values() if g.presets else ():
             add(make(size, allocation, batch, p["eviction"], p["miss"], p["admit"]), hw, quant)
-    for planned in list(out.values()):
-        add(baseline_of(planned.config), planned.hw, planned.quant)
+        add(baseline_of(make(size, allocation, batch, "lru", "fetch-all", None), g.baseline), hw, quant)
     return list(out.values())
 
 
@@ -182,18 +229,19 @@ def frange(start: float, stop: float, step: float) -> list[float]:
 
 
 def _number(text, what: str, integer: bool):
-    if integer:
-        try:
-            v = float(text)
-        except (TypeError, ValueError):
-            raise MoesimError(f"bad {what} {text!r}: expected a whole number") from None
-        if v != int(v):
-            raise MoesimError(f"bad {what} {text!r}: expected a whole number")
-        return int(v)
+    """A finite number (a whole one if ``integer``) from a flag or a TOML value; nan and inf are refused."""
+    kind = "a whole number" if integer else "a finite number"
+    if isinstance(text, bool):
+        raise MoesimError(f"bad {what} {text!r}: expected {kind}")
+    if integer and isinstance(text, int):
+        return text
     try:
-        return float(text)
-    except (TypeError, ValueError):
-        raise MoesimError(f"bad {what} {text!r}: expected a number") from None
+        v = float(text)
+    except (TypeError, ValueError, OverflowError):
+        raise MoesimError(f"bad {what} {text!r}: expected {kind}") from None
+    if not math.isfinite(v) or (integer and v != int(v)):
+        raise MoesimError(f"bad {what} {text!r}: expected {kind}")
+    return int(v) if integer else v
 
 
 def parse_values(values, what: str, integer: bool = False, allow_none: bool = False) -> list:
@@ -256,13 +304,7 @@ def axis(name: str, values) -> list:
 
 def load_toml(path: str | os.PathLike) -> Grid:
     """A grid from a TOML file (keys at top level or under [sweep]); see docs/sweep.md."""
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except FileNotFoundError:
-        raise MoesimError(f"{path}: no such sweep file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise MoesimError(f"{path}: not valid TOML ({exc})") from None
+    doc = read_toml(path, "sweep file")
     if isinstance(doc.get("sweep"), dict):
         doc = doc["sweep"]
     return grid_from_doc(doc, str(path))
@@ -276,7 +318,7 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
     for key, value in doc.items():
         if key in _AXIS_KEYS:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
-        elif key in ("model", "engine"):
+        elif key in ("model", "engine", "baseline"):
             if not isinstance(value, str):
                 raise MoesimError(f"{path}: {key} must be a string")
             changes[key] = value
@@ -306,7 +348,7 @@ def _values(x) -> list | None:
 def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, misses=None, thetas=None,
                       admits=None, allocations=None, batches=None, warm=None, warmup_tokens=None,
                       reset_per_sequence=None, hws=None, model=None, quants=None, engine=None,
-                      presets=True) -> Grid:
+                      presets=True, baseline=None) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -331,4 +373,5 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          thetas=ax("thetas", thetas), admits=ax("admits", admits_l),
                          allocations=_values(allocations), batches=ax("batches", batches), warm=warm,
                          warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=_values(hws),
-                         model=model, quants=_values(quants), engine=engine, presets=presets)
+                         model=model, quants=_values(quants), engine=engine, presets=presets,
+                         baseline=baseline)

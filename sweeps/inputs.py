@@ -16,12 +16,15 @@ class TraceEntry:
     def __init__(self, source, name: str):
         self.name = name
         self._routing: Routing | None
+        self.path: str | os.PathLike | None  # the file read, if any (an output must not replace it)
         if isinstance(source, Routing):
             self._routing, self.meta, self.digest = source, source.meta, source.digest
+            self.path = source.path
         else:
             self._routing = None
             self._file = TraceFile(source)
             self.meta, self.digest = self._file.meta, self._file.digest
+            self.path = self._file.path
 
     @property
     def routing(self):

@@ -14,11 +14,12 @@ Other evictions have no inclusion property: they are replayed on a grid of sizes
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.files import write_table
+from moesim.files import SUFFIXES, atomic_files, check_output, write_table_to
 from moesim.policies import registry
 from moesim.simulator.config import ALLOCATIONS, SimConfig, slots_for_budget
 from moesim.simulator.stack_distance import stack_histograms  # decorated under the hashed cache dir (package init)
@@ -145,11 +146,25 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
     return ordered(curves, ["slots_per_layer"]), ordered(layer_frames, ["slots_per_layer", "layer"])
 
 
-def write_curves(curve, layers, path: str | os.PathLike):
-    """NAME.parquet (or .csv/.json) and NAME.layers.<same suffix>, atomically."""
-    from pathlib import Path
-
+def curve_paths(path: str | os.PathLike) -> list[Path]:
+    """NAME.<suffix> and NAME.layers.<suffix>; the suffix must be a table format."""
     p = Path(path)
-    write_table(layers, p.with_name(p.stem + ".layers" + p.suffix))
-    write_table(curve, p)
-    return p
+    if p.suffix not in SUFFIXES:
+        raise MoesimError(f"{p}: unknown table format (use one of {', '.join(SUFFIXES)})")
+    return [p, p.with_name(p.stem + ".layers" + p.suffix)]
+
+
+def check_curve_paths(path: str | os.PathLike, inputs=()) -> None:
+    """Refuse -o (or its .layers sibling) when it is an input: before any replay runs."""
+    for p in curve_paths(path):
+        check_output(p, inputs)
+
+
+def write_curves(curve, layers, path: str | os.PathLike, *, inputs=()):
+    """NAME.parquet (or .csv/.json) and NAME.layers.<same suffix>: both written before either is
+    renamed into place, so a failed write (a full disk) publishes neither."""
+    main, lp = curve_paths(path)
+    with atomic_files([lp, main], inputs=inputs) as (tmp_layers, tmp_main):
+        write_table_to(layers, tmp_layers, lp.suffix)
+        write_table_to(curve, tmp_main, main.suffix)
+    return main

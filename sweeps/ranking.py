@@ -1,26 +1,44 @@
-"""Columns derived over a table of sweep rows: speed-up vs fetch-all, rank, Pareto flag.
+"""Columns derived over a table of sweep rows: speed-up over the baseline, quality class, rank, Pareto flag.
 
 Rows compete within a group (``group_key``: same trace, machine/model/quantization, cache size,
 allocation, warm start, warm-up, reset and batch): the question a group answers is "which policy for
-this much memory on this machine". Priced groups rank by time per token (then substituted mass, then
-hit rate); unpriced groups rank by hit rate (then mass). The Pareto flag marks rows no other row of
-the group beats on both time per token and mass per step (both lower is better; unpriced: hit rate
-higher and mass lower). The speed-up divides the time per token of fetch-all with the same eviction
-(and everything else equal) by the row's.
+this much memory on this machine".
+
+- **Speed-up**: the time per token of the group's *baseline* config divided by the row's. The baseline
+  is one named config for every row of every table, chart and file (default: the ``fetch-all`` preset,
+  LRU + fetch every miss, what an offloading engine without a policy runs); ``baseline`` names it. Rows
+  that replay identically get identical speed-ups.
+- **Quality class** (``keeps_first_choice``): whether the miss policy always runs the router's first
+  choice (fetch-all, threshold:θ, first-choice, cpu). The substitution study found substituted gate mass
+  tracks the perplexity increase only among such policies, so mass compares rows within a class, not
+  across classes.
+- **Rank**: by default the class that keeps the first choice comes first, then time per token (then
+  mass, then hit rate); ``rank_by="time"`` ranks by time alone. Unpriced groups rank by hit rate.
+- **Pareto**: no other row of the same group and class is at least as fast with at most as much
+  substituted mass and strictly better on one of them (unpriced: hit rate instead of time).
 """
 
 from __future__ import annotations
 
 import math
 
+from moesim.policies import miss as miss_mod
+from moesim.sweeps.grid import DEFAULT_BASELINE, baseline_label, baseline_policy
 from moesim.sweeps.schema import ROW_SCHEMA, frame
 
+RANK_BY = ("class", "time")
 BY_TIME = "time per token"
 BY_HIT_RATE = "hit rate (not priced)"
+CLASS_FIRST = "1st-choice class, then "
 
 
 def _num(x) -> float:
     return float("nan") if x is None else float(x)
+
+
+def keeps_first_choice(miss: str) -> bool:
+    """The miss policy always runs the router's first choice (never substitutes or drops rank 0)."""
+    return miss_mod.get(miss_mod.parse_miss(miss)[0]).keeps_first
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
@@ -40,40 +58,75 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
     return flags
 
 
-def annotate(df):
-    """Add speedup_vs_fetch_all, rank, pareto and ranked_by (recomputed from scratch), sorted by
-    (group, rank)."""
+def _baseline_row(members: list[dict], policy: tuple) -> dict | None:
+    found = [r for r in members if (r["eviction"], r["miss"], r["admit"]) == policy and r["s_per_token"] is not None]
+    # one per group unless a results file mixes engine profiles for the same config: take a stable one
+    return min(found, key=lambda r: r["row_key"]) if found else None
+
+
+def annotate(df, baseline: str = DEFAULT_BASELINE, rank_by: str = "class"):
+    """Add keeps_first_choice, speedup, baseline, rank, pareto and ranked_by (recomputed from scratch),
+    sorted by (group, rank)."""
     import polars as pl
 
+    if rank_by not in RANK_BY:
+        raise ValueError(f"rank_by must be one of {RANK_BY}")
     if df.height == 0:
         return frame([], ROW_SCHEMA)
+    policy = baseline_policy(baseline)
+    label = baseline_label(baseline)
     rows = df.to_dicts()
     groups: dict[str, list[dict]] = {}
     for r in rows:
+        r["keeps_first_choice"] = keeps_first_choice(r["miss"])
         groups.setdefault(r["group_key"], []).append(r)
     for members in groups.values():
-        base = {r["eviction"]: r["s_per_token"] for r in members
-                if r["miss"] == "fetch-all" and r["admit"] is None and r["s_per_token"] is not None}
         priced = all(r["priced"] for r in members)
+        base = _baseline_row(members, policy) if priced else None
+        b = base["s_per_token"] if base is not None else None
+        by = BY_TIME if priced else BY_HIT_RATE
         for r in members:
-            b = base.get(r["eviction"])
             s = r["s_per_token"]
-            r["speedup_vs_fetch_all"] = b / s if (priced and b is not None and s) else None
-            r["ranked_by"] = BY_TIME if priced else BY_HIT_RATE
+            r["speedup"] = b / s if (b is not None and s) else None
+            r["baseline"] = label if priced else None
+            r["ranked_by"] = (CLASS_FIRST + by) if rank_by == "class" else by
+
+        def klass(r):
+            return 0 if (rank_by == "time" or r["keeps_first_choice"]) else 1
+
         if priced:
-            order = sorted(members, key=lambda r: (_num(r["s_per_token"]), r["mass_per_step"], -r["hit_rate"],
-                                                   r["config_key"]))
-            pts = [(_num(r["s_per_token"]), _num(r["mass_per_step"])) for r in members]
+            order = sorted(members, key=lambda r: (klass(r), _num(r["s_per_token"]), r["mass_per_step"],
+                                                   -r["hit_rate"], r["config_key"]))
         else:
-            order = sorted(members, key=lambda r: (-_num(r["hit_rate"]), r["mass_per_step"], r["config_key"]))
-            pts = [(-_num(r["hit_rate"]), _num(r["mass_per_step"])) for r in members]
+            order = sorted(members, key=lambda r: (klass(r), -_num(r["hit_rate"]), r["mass_per_step"],
+                                                   r["config_key"]))
         for i, r in enumerate(order):
             r["rank"] = i + 1
-        for r, flag in zip(members, pareto_front(pts)):
-            r["pareto"] = flag
+        for keeps in (True, False):
+            part = [r for r in members if r["keeps_first_choice"] == keeps]
+            x = "s_per_token" if priced else "hit_rate"
+            sign = 1.0 if priced else -1.0
+            pts = [(sign * _num(r[x]), _num(r["mass_per_step"])) for r in part]
+            for r, flag in zip(part, pareto_front(pts)):
+                r["pareto"] = flag
     out = frame(rows, ROW_SCHEMA)
     extra = [c for c in df.columns if c not in out.columns]
     if extra:
         out = pl.concat([out, df.select(extra)], how="horizontal")
-    return out.sort(["trace", "trace_digest", "hw", "model", "quant", "cost_key", "allocation", "batch", "budget",
+    return out.sort(["trace", "trace_digest", "hw", "model", "quant", "allocation", "batch", "budget",
                      "slots", "group_key", "rank"], nulls_last=True)
+
+
+def select_rows(df, top: int | None, max_mass: float | None):
+    """The rows to print: within --max-mass substituted mass per step, the best --top of each group.
+    Returns (rows, {group_key: rows left out by --max-mass})."""
+    import polars as pl
+
+    dropped: dict[str, int] = {}
+    if max_mass is not None:
+        over = df.filter(pl.col("mass_per_step") > max_mass + 1e-12)
+        dropped = dict(over.group_by("group_key").len().iter_rows())
+        df = df.filter(pl.col("mass_per_step") <= max_mass + 1e-12)  # ranks stay those of the whole group
+    if top:
+        df = df.filter(pl.col("rank").rank("ordinal").over("group_key") <= top)
+    return df, dropped

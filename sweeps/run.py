@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moesim.costmodel.pricing import cost_for_trace
+from moesim.costmodel.pricing import price_trace
 from moesim.errors import MoesimError
 from moesim.simulator.config import SimConfig
 from moesim.sweeps.executors import EXECUTORS, Task, execute
-from moesim.sweeps.grid import PRESET_ENGINES, PRESETS, Grid, expand, replay_twin
+from moesim.sweeps.grid import PRESET_ENGINES, PRESETS, Grid, expand, never_cached, replay_twin
 from moesim.sweeps.inputs import TraceEntry, load_traces
 from moesim.sweeps.ranking import annotate
 from moesim.sweeps.store import ResultStore, layers_path
@@ -58,6 +58,8 @@ def preset_names(config: SimConfig) -> str:
 
 
 def policy_label(config: SimConfig) -> str:
+    if config.miss == "cpu" and never_cached(config):
+        return "no cache / cpu"  # every expert on the CPU: the eviction policy never acts
     parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
     return " / ".join(parts)
 
@@ -82,7 +84,8 @@ def check_config(config: SimConfig, routing) -> None:
                           f"{routing.n_tokens} tokens to count")
 
 
-def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw, model, quant) -> tuple[dict, list]:
+def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw, model, quant,
+              quant_choice: str = "") -> tuple[dict, list]:
     cfg = task.config
     ck = task.row_key.rsplit(":", 1)[1]
     t = payload["totals"]
@@ -100,6 +103,7 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
         "model": cost.model if cost is not None else (model or ""),
         "quant": cost.quant if cost is not None else (quant or ""),
         "engine": cost.engine if cost is not None else "",
+        "quant_choice": quant_choice,
         "counted_tokens": payload["counted_tokens"],
         **t,
     }
@@ -110,7 +114,8 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
             stall_per_token=tm["stall_per_token"], gb_per_token_sync=by["link_sync"] / 1e9,
             gb_per_token_background=by["link_background"] / 1e9, gb_per_token_nvme=by["nvme"] / 1e9,
             gb_per_token_cpu=by["cpu"] / 1e9, gb_per_token_vram_experts=by["experts_vram"] / 1e9,
-            vram_gib_for_cache=tm["vram_bytes_for_cache"] / 2**30, fits_in_vram=tm["fits_in_vram"],
+            vram_gib_for_cache=tm["vram_bytes_for_cache"] / 2**30,
+            vram_gib_free=tm["vram_bytes_free_for_experts"] / 2**30, fits_in_vram=tm["fits_in_vram"],
             timed_steps=tm["timed_steps"],
         )
     keys = {"row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(), "cost_key": ck,
@@ -161,9 +166,17 @@ class _Shield:
 
 
 def plan(entries: list[TraceEntry], grid: Grid):
-    """(tasks, costs, cost_info, notes): every (trace, config, cost) of the sweep, deduplicated."""
+    """(tasks, costs, cost_info, notes): every (trace, config, cost) of the sweep, deduplicated.
+
+    Without a quantization, each (trace, machine) is priced at the one chosen for the largest cache the
+    grid replays there (costmodel/pricing.py): one model file per machine, whatever the cache size."""
     planned = expand(grid)
     E = {ti: e.meta.n_experts for ti, e in enumerate(entries)}
+    largest: dict[tuple, int] = {}
+    for ti, entry in enumerate(entries):
+        for p in planned:
+            cached = p.config.slots_per_layer(E[ti]) * entry.meta.n_layers
+            largest[(ti, p.hw)] = max(largest.get((ti, p.hw), 0), cached)
     costs: list[Any] = []
     cost_info: list[tuple] = []
     notes: list[str] = []
@@ -171,14 +184,14 @@ def plan(entries: list[TraceEntry], grid: Grid):
     tasks: dict[str, Task] = {}
     for ti, entry in enumerate(entries):
         for p in planned:
-            p.config.slots_per_layer(E[ti])
             engine = PRESET_ENGINES.get(preset_names(p.config), grid.engine)
             pair = (ti, p.hw, p.quant, engine)
             if pair not in cost_index:
-                cost, note = cost_for_trace(entry.meta, p.hw, grid.model, p.quant, engine=engine)
+                cost, note, why = price_trace(entry.meta, p.hw, grid.model, p.quant, engine=engine,
+                                              cache_experts=largest[(ti, p.hw)])
                 cost_index[pair] = len(costs)
                 costs.append(cost)
-                cost_info.append((note, p.hw, grid.model, p.quant))
+                cost_info.append((note, p.hw, grid.model, p.quant, why))
                 if note not in notes:
                     notes.append(note)
             ci = cost_index[pair]
@@ -190,8 +203,10 @@ def plan(entries: list[TraceEntry], grid: Grid):
 
 
 def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jobs: int | None = None,
-              executor: str = "local", progress=None, flush_seconds: float = 2.0) -> SweepOutcome:
-    """Run (or finish) a sweep; return this sweep's rows ranked within their groups.
+              executor: str = "local", progress=None, flush_seconds: float = 2.0,
+              rank_by: str = "class") -> SweepOutcome:
+    """Run (or finish) a sweep; return this sweep's rows ranked within their groups (speed-up over
+    ``grid.baseline``; ``rank_by`` as in sweeps/ranking.py).
 
     ``progress(done, total)`` is called as configs finish. On KeyboardInterrupt the finished rows are
     flushed to ``output`` before the interrupt propagates."""
@@ -203,7 +218,8 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
         raise MoesimError(f"--jobs must be at least 1, got {jobs}")
     entries = load_traces(traces)
     tasks, costs, cost_info, notes = plan(entries, grid)
-    store = ResultStore(output)
+    store = ResultStore(output, inputs=[e.path for e in entries if e.path is not None], baseline=grid.baseline,
+                        rank_by=rank_by)
     todo = [t for t in tasks if t.row_key not in store]
     reused = len(tasks) - len(todo)
     waiting: dict[str, list[Task]] = {}
@@ -250,7 +266,7 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
                   "run the same command again to compute only the rest", file=sys.stderr)
     keys = [t.row_key for t in tasks]
     all_rows = store.rows()
-    mine = annotate(all_rows.filter(pl.col("row_key").is_in(keys)))
+    mine = annotate(all_rows.filter(pl.col("row_key").is_in(keys)), grid.baseline, rank_by)
     layers = store.layers().filter(pl.col("row_key").is_in(keys))
     return SweepOutcome(mine, layers, computed=done, reused=reused, notes=notes,
                         output=Path(output) if output is not None else None, executor_stats=executor_stats)

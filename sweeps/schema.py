@@ -12,6 +12,7 @@ ROW_SCHEMA: dict[str, str] = {
     "eviction": "str", "miss": "str", "admit": "f64", "budget": "f64", "slots": "i64", "slots_per_layer": "i64",
     "allocation": "str", "warm": "bool", "warmup_tokens": "i64", "reset_per_sequence": "bool", "batch": "i64",
     "priced": "bool", "priced_as": "str", "hw": "str", "model": "str", "quant": "str", "engine": "str",
+    "quant_choice": "str",
     "counted_tokens": "i64",
     **{name: "i64" for name in COUNTER_NAMES},
     "mass": "f64", "hit_rate": "f64", "miss_rate": "f64", "substitution_rate": "f64", "drop_rate": "f64",
@@ -19,9 +20,10 @@ ROW_SCHEMA: dict[str, str] = {
     "s_per_token": "f64", "ms_per_token": "f64", "tok_per_s": "f64", "stall_per_token": "f64",
     "gb_per_token_sync": "f64", "gb_per_token_background": "f64", "gb_per_token_nvme": "f64",
     "gb_per_token_cpu": "f64", "gb_per_token_vram_experts": "f64", "vram_gib_for_cache": "f64",
-    "fits_in_vram": "bool", "timed_steps": "str",
+    "vram_gib_free": "f64", "fits_in_vram": "bool", "timed_steps": "str",
     # derived over the rows of the same table (sweeps/ranking.py)
-    "speedup_vs_fetch_all": "f64", "rank": "i64", "pareto": "bool", "ranked_by": "str",
+    "keeps_first_choice": "bool", "speedup": "f64", "baseline": "str", "rank": "i64", "pareto": "bool",
+    "ranked_by": "str",
 }
 LAYER_SCHEMA: dict[str, str] = {
     "row_key": "str", "trace_digest": "str", "config_key": "str", "cost_key": "str", "label": "str",

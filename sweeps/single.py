@@ -8,7 +8,7 @@ from typing import Any
 
 from moesim.simulator import SimConfig, SimResult, simulate
 from moesim.sweeps.executors import payload
-from moesim.sweeps.grid import Grid, canonical
+from moesim.sweeps.grid import DEFAULT_BASELINE, Grid, canonical
 from moesim.sweeps.inputs import load_traces
 from moesim.sweeps.ranking import annotate
 from moesim.sweeps.run import check_config, make_rows, plan
@@ -21,12 +21,13 @@ class One:
     layers: Any     # polars DataFrame: its per-layer rows
     result: SimResult
     priced_as: str
+    quant_choice: str
 
 
 def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str | None = None,
-                 quant: str | None = None, engine: str | None = None) -> One:
+                 quant: str | None = None, engine: str | None = None, baseline: str = DEFAULT_BASELINE) -> One:
     """Replay ``config`` on ``trace`` (a path or a Routing), priced by (hw, model, quant) when the trace
-    can be priced, together with the reference configs its sweep row is compared with."""
+    can be priced, together with the speed-up baseline (``baseline``, as in a sweep) its row is compared with."""
     import polars as pl
 
     entry = load_traces([trace])[0]
@@ -36,7 +37,7 @@ def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str 
                 allocations=[config.allocation], batches=[config.batch], hws=[hw], model=model, quants=[quant],
                 engine=engine,
                 warm=config.warm, warmup_tokens=config.warmup_tokens,
-                reset_per_sequence=config.reset_per_sequence, presets=False, **size)
+                reset_per_sequence=config.reset_per_sequence, presets=False, baseline=baseline, **size)
     tasks, costs, cost_info, notes = plan([entry], grid)
     routing = entry.routing
     rows, layers, mine = [], [], None
@@ -50,6 +51,7 @@ def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str 
         layers.extend(lay)
     assert mine is not None  # the grid holds the config itself
     key, result = mine
-    df = annotate(frame(rows, ROW_SCHEMA)).filter(pl.col("row_key") == key)
+    df = annotate(frame(rows, ROW_SCHEMA), baseline).filter(pl.col("row_key") == key)
     lay_df = frame(layers, LAYER_SCHEMA).filter(pl.col("row_key") == key).sort("layer")
-    return One(row=df, layers=lay_df, result=result, priced_as=notes[0])
+    info = next(cost_info[t.cost] for t in tasks if t.row_key == key)
+    return One(row=df, layers=lay_df, result=result, priced_as=info[0], quant_choice=info[4])

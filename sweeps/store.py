@@ -2,19 +2,36 @@
 (one row per config x MoE layer), both keyed by ``row_key`` = trace digest : config key : cost key.
 
 Rows already in the files are never recomputed; new rows are merged in and both files are rewritten
-atomically (layers first, so a config present in the main file always has its layer rows). A config
-counts as done only when it is in both files.
+atomically (both written to unique temporaries first, then renamed layers first, so a config present
+in the main file always has its layer rows). A config counts as done only when it is in both files.
+
+Several sweeps may write one results file at once (two grids run side by side, or a second sweep
+started before the first ended): every flush takes an exclusive lock (``.NAME.lock`` beside the
+results, held only while reading and rewriting the files), re-reads the files if another process
+changed them since, and writes the union of their rows and its own, keyed by ``row_key``. So no
+sweep that exits 0 loses a row to another, and neither waits for the other's replays.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from moesim.errors import MoesimError
-from moesim.files import write_table
+from moesim.files import atomic_files, check_output, write_error, write_table_to
+from moesim.sweeps.grid import DEFAULT_BASELINE
 from moesim.sweeps.ranking import annotate
 from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame, polars_schema
+
+# Columns a file must have to be taken for sweep results (anything else at -o is refused, never replaced).
+_KEY_COLUMNS = ("row_key", "trace_digest", "config_key", "cost_key", "group_key", "label")
+_LAYER_KEY_COLUMNS = ("row_key", "layer")
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock; concurrent sweeps to one file are then last-writer-wins
+    fcntl = None  # type: ignore[assignment]
 
 
 def layers_path(path: str | os.PathLike) -> Path:
@@ -23,10 +40,20 @@ def layers_path(path: str | os.PathLike) -> Path:
     return p.with_name(p.stem + ".layers" + p.suffix)
 
 
+def lock_path(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    return p.with_name(f".{p.name}.lock")
+
+
+# Columns older versions wrote that are now derived under another name (dropped when a file is read).
+RETIRED = ("speedup_vs_fetch_all",)
+
+
 def _conform(df, schema: dict[str, str]):
     """Columns in the store's order and types; unknown extra columns (a newer writer) are kept at the end."""
     import polars as pl
 
+    df = df.drop([c for c in RETIRED if c in df.columns])
     types = polars_schema(schema)
     cols = []
     for name, t in types.items():
@@ -35,48 +62,107 @@ def _conform(df, schema: dict[str, str]):
     return df.select(cols + extra)
 
 
-def _remove_stale_partials(path: Path) -> None:
-    """Temp files (.NAME.PID.partial, see moesim/files.py) left by a sweep that was killed mid-write."""
-    for p in (path, layers_path(path)):
-        for tmp in p.parent.glob(f".{p.name}.*.partial"):
-            try:
-                pid = int(tmp.name[len(p.name) + 2:].split(".")[0])
-                os.kill(pid, 0)  # still running: its file, leave it
-            except ProcessLookupError:
-                tmp.unlink(missing_ok=True)
-            except (ValueError, PermissionError, OSError):
-                pass
+def _stat(path: Path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``.NAME.lock`` (created beside the results, left there) for the block."""
+    if fcntl is None:
+        yield
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read(path: Path):
+    """(rows, layers) of a results file pair, only configs present in both; None if there is no file."""
+    import polars as pl
+
+    if not path.exists():
+        return None
+    lp = layers_path(path)
+    try:
+        rows = pl.read_parquet(path)
+        layers = pl.read_parquet(lp) if lp.exists() else None
+    except Exception as exc:  # a foreign or damaged file: never overwrite it silently
+        raise MoesimError(f"{path}: cannot read existing results ({' '.join(str(exc).split())[:160]}); move it "
+                          "away or pick another -o") from None
+    missing = [c for c in _KEY_COLUMNS if c not in rows.columns]
+    if missing:
+        raise MoesimError(f"{path}: exists and is not a moesim sweep results file (no {', '.join(missing)} "
+                          "column); refusing to replace it: move it away or pick another -o")
+    if layers is not None and any(c not in layers.columns for c in _LAYER_KEY_COLUMNS):
+        raise MoesimError(f"{lp}: exists and is not the per-layer file of moesim sweep results; refusing to "
+                          "replace it: move it away or pick another -o")
+    rows = _conform(rows, ROW_SCHEMA)
+    layers = _conform(layers, LAYER_SCHEMA) if layers is not None else frame([], LAYER_SCHEMA)
+    done = sorted(set(rows["row_key"].to_list()) & set(layers["row_key"].to_list()))
+    return rows.filter(pl.col("row_key").is_in(done)), layers.filter(pl.col("row_key").is_in(done))
+
+
+def conform_rows(df):
+    """A results table (of any moesim version) in the store's row columns and types."""
+    return _conform(df, ROW_SCHEMA)
 
 
 class ResultStore:
-    """Rows of one results file, plus what this process adds; ``flush`` rewrites both files."""
+    """Rows of one results file, plus what this process adds; ``flush`` merges them into both files.
+    ``inputs``: the sweep's traces, which neither file may be."""
 
-    def __init__(self, path: str | os.PathLike | None):
-        import polars as pl
-
+    def __init__(self, path: str | os.PathLike | None, inputs=(), *, baseline: str = DEFAULT_BASELINE,
+                 rank_by: str = "class"):
+        self.baseline, self.rank_by = baseline, rank_by
         self.path = Path(path) if path is not None else None
         if self.path is not None and self.path.suffix != ".parquet":
             raise MoesimError(f"{self.path}: sweep results are stored as Parquet (-o NAME.parquet); "
                               "use --format csv|json to print other formats")
-        if self.path is not None:
-            _remove_stale_partials(self.path)
         self.old_rows = frame([], ROW_SCHEMA)
         self.old_layers = frame([], LAYER_SCHEMA)
-        if self.path is not None and self.path.exists():
-            lp = layers_path(self.path)
-            try:
-                rows = _conform(pl.read_parquet(self.path), ROW_SCHEMA)
-                layers = _conform(pl.read_parquet(lp), LAYER_SCHEMA) if lp.exists() else self.old_layers
-            except Exception as exc:  # a foreign or damaged file: never overwrite it silently
-                raise MoesimError(f"{self.path}: cannot read existing results ({exc}); move it away or pick "
-                                  "another -o") from None
-            done = set(rows["row_key"].to_list()) & set(layers["row_key"].to_list())
-            self.old_rows = rows.filter(pl.col("row_key").is_in(sorted(done)))
-            self.old_layers = layers.filter(pl.col("row_key").is_in(sorted(done)))
+        self._seen = None  # (stat of rows, stat of layers) as last read or written by this process
+        if self.path is not None:
+            self.inputs = list(inputs)
+            for p in (self.path, layers_path(self.path)):
+                check_output(p, self.inputs)
+            # no lock needed to read: both files are replaced by renames, the layers file first, so a
+            # reader sees per-layer rows for every row it sees (at worst it recomputes a config)
+            self._load()
         self.done = set(self.old_rows["row_key"].to_list())
         self.new_rows: list[dict] = []
         self.new_layers: list[dict] = []
         self.dirty = False
+
+    def _signature(self):
+        assert self.path is not None
+        return _stat(self.path), _stat(layers_path(self.path))
+
+    def _load(self) -> None:
+        """Merge what is on disk into the rows held."""
+        import polars as pl
+
+        assert self.path is not None
+        found = _read(self.path)
+        self._seen = self._signature()
+        if found is None:
+            return
+        rows, layers = found
+        mine = self.old_rows.filter(~pl.col("row_key").is_in(rows["row_key"].to_list()))
+        self.old_rows = pl.concat([rows, _conform(mine, ROW_SCHEMA)], how="diagonal_relaxed")
+        mine_layers = self.old_layers.filter(~pl.col("row_key").is_in(rows["row_key"].to_list()))
+        self.old_layers = pl.concat([layers, _conform(mine_layers, LAYER_SCHEMA)], how="diagonal_relaxed")
 
     def __contains__(self, row_key: str) -> bool:
         return row_key in self.done
@@ -92,7 +178,7 @@ class ResultStore:
         import polars as pl
 
         df = pl.concat([self.old_rows, frame(self.new_rows, ROW_SCHEMA)], how="diagonal_relaxed")
-        return annotate(df)
+        return annotate(df, self.baseline, self.rank_by)
 
     def layers(self):
         import polars as pl
@@ -101,8 +187,22 @@ class ResultStore:
         return df.sort(["row_key", "layer"])
 
     def flush(self) -> None:
+        import polars as pl
+
         if self.path is None or not self.dirty:
             return
-        write_table(self.layers(), layers_path(self.path))
-        write_table(self.rows(), self.path)
+        with _locked(self.path):
+            # fold this process's new rows in first, so a re-read cannot lose them
+            self.old_rows = pl.concat([self.old_rows, frame(self.new_rows, ROW_SCHEMA)], how="diagonal_relaxed")
+            self.old_layers = pl.concat([self.old_layers, frame(self.new_layers, LAYER_SCHEMA)],
+                                        how="diagonal_relaxed")
+            self.new_rows, self.new_layers = [], []
+            if self._signature() != self._seen:  # another sweep wrote the file since: keep its rows too
+                self._load()
+                self.done |= set(self.old_rows["row_key"].to_list())
+            lp = layers_path(self.path)
+            with atomic_files([lp, self.path], inputs=self.inputs) as (tmp_layers, tmp_rows):
+                write_table_to(self.layers(), tmp_layers, ".parquet")
+                write_table_to(self.rows(), tmp_rows, ".parquet")
+            self._seen = self._signature()
         self.dirty = False

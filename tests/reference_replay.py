@@ -1,8 +1,9 @@
 """Slow, plain-Python reference of the replay semantics (docs/replay-semantics.md).
 
 Written for clarity, not speed, and independently of the kernel's data
-structures: resident experts live in dicts, victims are found by scanning, next
-requests by searching forward. The numba kernel must match it count for count.
+structures: each pool's eviction policy is a class of tests/reference_policies.py,
+next requests are found by searching forward. The numba kernel must match it
+count for count.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from reference_policies import NOT_ADMITTED, make_policy
 
 COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
             "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme")
@@ -24,12 +26,13 @@ def _top(counts: dict, n: int) -> list:
 
 def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, theta=0.15, admit=None,
                      allocation="per-layer", warm=False, warmup_tokens=0, reset_per_sequence=False,
-                     half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None):
+                     half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None,
+                     params=None):
     """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
     Negative ids in ``sel`` are padding (batched routing); ``wm``: the mass a substitution loses
-    (default: ``w``)."""
+    (default: ``w``); ``params``: the eviction's named parameters (reference_policies classes)."""
     wm = w if wm is None else wm
     cost = dict.fromkeys(COST_KEYS, 0.0) | (cost or {})
     T, L, k = sel.shape
@@ -75,58 +78,41 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     per_token = [dict.fromkeys(COUNTERS, 0) | {"mass": 0.0, "seconds": 0.0, "stall": 0.0} for _ in range(T)]
 
     state = {}
+    pinning = eviction.startswith("static")
+    cur = {"now": (0, 0, -1)}  # the request Belady looks ahead from
 
     def reset(t):
-        state["cache"] = {p: set() for p in cap}
-        state["last_use"] = {}
-        state["inserted"] = {}
-        state["count"] = {}
         state["score"] = dict.fromkeys(objs, 0.0)
+        state["policy"] = {} if pinning else {
+            p: make_policy(eviction, cap[p], params, score=state["score"],
+                           next_use=lambda o: next_request(o, cur["now"])) for p in cap}
         state["acc"] = dict.fromkeys(objs, 0.0)
         state["pending"] = {l: [] for l in range(L)}  # (object, completion time), in link order
         state["ram"] = list(ram_warm)  # least recently used first
         state["decay_base"] = t
         state["clock"] = 0
-        if warm and not eviction.startswith("static"):
+        if warm and not pinning:
             order = list(reversed(most_requested(request_counts(T))))
             if allocation == "per-layer":
                 order = [o for l in range(L) for o in order if o[0] == l]
             for i, o in enumerate(order):
-                state["cache"][pool_of(o)].add(o)
-                state["count"][o] = 1
-                state["last_use"][o] = (-1, 0, i)
-                state["inserted"][o] = (-1, 0, i)
+                state["policy"][pool_of(o)].insert(o, (-1, 0, i))
 
     def resident(o):
-        return o in pinned or o in state["cache"][pool_of(o)]
-
-    def key(o, now):
-        if eviction == "lru":
-            return state["last_use"][o]
-        if eviction == "fifo":
-            return state["inserted"][o]
-        if eviction == "lfu":
-            return (state["count"][o], state["last_use"][o])
-        if eviction == "freq":
-            return (state["score"][o], state["last_use"][o])
-        if eviction == "belady":
-            return (tuple(-x for x in next_request(o, now)), state["last_use"][o])
-        raise ValueError(eviction)
+        return o in pinned or (not pinning and o in state["policy"][pool_of(o)])
 
     def insert(o, stamp, now, c, tc):
-        pool = pool_of(o)
-        if len(state["cache"][pool]) >= cap[pool]:
-            victim = min(state["cache"][pool], key=lambda x: key(x, now))
-            state["cache"][pool].remove(victim)
-            state["count"].pop(victim, None)
+        """Admit o (a fetch or a landed background copy); False when the policy refused it."""
+        cur["now"] = now
+        victim = state["policy"][pool_of(o)].insert(o, stamp)
+        if victim is NOT_ADMITTED:
+            return False
+        if victim is not None:
             c["evictions"] += 1
             tc["evictions"] += 1
             # an engine that writes evicted experts back occupies the link, queued after what is on it
             clock["link"] = max(clock["now"], clock["link"]) + cost["writeback"]
-        state["cache"][pool].add(o)
-        state["count"][o] = 1
-        state["last_use"][o] = stamp
-        state["inserted"][o] = stamp
+        return True
 
     def from_nvme(o):
         if ram_cap is None:
@@ -168,10 +154,10 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 o, _ = queue.pop(0)
                 if resident(o):
                     continue
-                insert(o, (t * L + l, 0, i), now_step, c, tc)
+                if insert(o, (t * L + l, 0, i), now_step, c, tc):
+                    c["admissions"] += 1
+                    tc["admissions"] += 1
                 i += 1
-                c["admissions"] += 1
-                tc["admissions"] += 1
             selected = {(l, int(e)) for e in sel[t, l] if e >= 0}
             ran_as_substitute = set()
             cpu_before = c["cpu"]
@@ -190,9 +176,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     tc["hits"] += 1
                     clock["now"] += cost["vram"]
                     if o not in pinned:
-                        if eviction != "fifo":
-                            state["last_use"][o] = stamp
-                        state["count"][o] += 1
+                        state["policy"][pool_of(o)].hit(o, stamp, request=True)
                     continue
                 c["misses"] += 1
                 tc["misses"] += 1
@@ -215,7 +199,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     if nvme:
                         c["fetches_nvme"] += 1
                         tc["fetches_nvme"] += 1
-                    if not eviction.startswith("static"):
+                    if not pinning:
                         insert(o, stamp, now, c, tc)
                     continue
                 if action == "cpu":
@@ -240,8 +224,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     ran_as_substitute.add(sub)
                     c["substitutions"] += 1
                     tc["substitutions"] += 1
-                    if sub not in pinned and eviction != "fifo":
-                        state["last_use"][sub] = stamp
+                    if sub not in pinned:
+                        state["policy"][pool_of(sub)].hit(sub, stamp, request=False)
                     clock["now"] += cost["vram"]
                 else:
                     c["drops"] += 1
@@ -251,7 +235,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 if r == 0:
                     c["first_choice_substitutions"] += 1
                     tc["first_choice_substitutions"] += 1
-                if admit and not eviction.startswith("static"):
+                if admit and not pinning:
                     state["acc"][o] += wr
                     if state["acc"][o] >= admit and o not in [x for x, _ in queue]:
                         state["acc"][o] = 0.0

@@ -27,6 +27,7 @@ def test_import_moesim_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert {"load_trace", "simulate", "sweep", "mrc"} <= set(moesim.__all__)
+    assert {"load_trace", "simulate", "sweep", "mrc", "MoesimError"} <= set(dir(moesim))
 
 
 def test_simulate_is_one_row_matching_the_engine(routing):
@@ -38,10 +39,15 @@ def test_simulate_is_one_row_matching_the_engine(routing):
 
     cost, _ = cost_for_trace(routing.meta)
     res = raw_simulate(routing, eviction="freq", miss="threshold:0.15", admit=0.5, budget=0.25, cost=cost)
-    base = raw_simulate(routing, eviction="freq", miss="fetch-all", budget=0.25, cost=cost)
+    base = raw_simulate(routing, eviction="lru", miss="fetch-all", budget=0.25, cost=cost)  # the fetch-all preset
     assert r["hits"] == res.totals()["hits"] and r["mass"] == pytest.approx(res.totals()["mass"])
     assert r["s_per_token"] == pytest.approx(res.timing["s_per_token"])
-    assert r["speedup_vs_fetch_all"] == pytest.approx(base.timing["s_per_token"] / res.timing["s_per_token"])
+    assert r["speedup"] == pytest.approx(base.timing["s_per_token"] / res.timing["s_per_token"])
+    assert r["baseline"] == "lru / fetch-all (fetch-all preset)" and r["keeps_first_choice"] is True
+    other = moesim.simulate(routing, eviction="freq", miss="threshold:0.15", admit=0.5, budget=0.25,
+                            baseline="freq/fetch-all").row(0, named=True)
+    freq = raw_simulate(routing, eviction="freq", miss="fetch-all", budget=0.25, cost=cost)
+    assert other["speedup"] == pytest.approx(freq.timing["s_per_token"] / res.timing["s_per_token"])
     one, layers = moesim.simulate(routing, eviction="lru", slots=8, layers=True)
     assert layers.height == routing.n_layers and layers["hits"].sum() == one["hits"][0]
     with pytest.raises(moesim.MoesimError, match="budget"):
@@ -59,6 +65,8 @@ def test_sweep_equals_the_cli_and_accepts_a_dict_grid(routing, trace, tmp_path):
                                         "admit": ["none"]}, top=2, jobs=1)
     assert sorted(top["budget"].unique().to_list()) == [0.125, 0.25]
     assert top.group_by("budget").len()["len"].to_list() == [2, 2]
+    capped = moesim.sweep(routing, budgets=0.25, evictions=["lru"], max_mass=0.05, rank_by="time", jobs=1)
+    assert capped.height and (capped["mass_per_step"] <= 0.05).all() and capped["s_per_token"].is_sorted()
 
 
 def test_mrc_returns_the_curve(routing):

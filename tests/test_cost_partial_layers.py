@@ -52,4 +52,4 @@ def test_one_layer_log_simulates_and_sweeps(tmp_path):
     assert "substituted 0 + dropped 0" in res.stdout  # w = 1/8 exactly, so θ = 0.125 fetches every miss
     res = runner.invoke(cli, ["sweep", str(out), "--budget", "0.25", "--top", "2", "--jobs", "1"])
     assert res.exit_code == 0, res.output
-    assert "ranked by hit rate (not priced)" in res.stdout
+    assert "ranked by 1st-choice class, then hit rate (not priced)" in " ".join(res.stdout.split())

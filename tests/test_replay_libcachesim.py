@@ -12,7 +12,7 @@ from moesim.simulator import simulate
 
 pytest.importorskip("libcachesim", reason="libcachesim (test extra) is not installed")
 
-POLICIES = ["lru", "lfu", "fifo", "belady"]
+POLICIES = ["lru", "lfu", "fifo", "belady", "arc", "s3fifo", "sieve", "clock"]
 
 
 def per_layer_stream(routing, layer):

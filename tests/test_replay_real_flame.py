@@ -1,6 +1,6 @@
 """Issue 3 "Must show": `moesim simulate --format json` miss counts equal libCacheSim's on real
 routing held back from this repository (the FLAME-MoE sample in ../shared), per layer and with a
-global pool, for lru/lfu/fifo/belady under fetch-all."""
+global pool, for lru/lfu/fifo/belady/arc/s3fifo/sieve/clock under fetch-all."""
 
 import json
 
@@ -23,7 +23,7 @@ def flame_trace(tmp_path_factory, flame_dir):
     return out
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "belady"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "belady", "arc", "s3fifo", "sieve", "clock"])
 def test_simulate_json_equals_libcachesim_on_real_flame(flame_trace, tmp_path, policy):
     routing = load_routing(flame_trace)
     L, E = routing.n_layers, routing.n_experts

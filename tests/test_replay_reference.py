@@ -99,8 +99,11 @@ def test_invariants_on_random_traces():
                     assert tot["admissions"] == 0
                 if miss == "fetch-all":
                     fetch_all_misses[(eviction, slots)] = tot["misses"]
-                    if slots == 12 and not eviction.startswith("static"):
-                        assert tot["misses"] == distinct  # E slots: compulsory misses only
+                    # E slots: compulsory misses only (s3fifo admits nothing below 20 slots, as libCacheSim)
+                    if slots == 12 and not eviction.startswith("static") and eviction != "s3fifo":
+                        assert tot["misses"] == distinct
+                    if eviction == "s3fifo":
+                        assert tot["admissions"] == tot["evictions"] == 0 and tot["hits"] == 0
     for slots in (1, 4, 12):
         best = fetch_all_misses[("belady", slots)]
         assert all(best <= fetch_all_misses[(ev, slots)] for ev in EVICTIONS if not ev.startswith("static"))

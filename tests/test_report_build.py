@@ -75,7 +75,51 @@ def test_axis_titles_carry_units(rep):
     text = json.dumps(spec)
     assert "hit rate (% of expert requests)" in text and "cache budget (% of each layer's experts)" in text
     text = (out / "charts" / "time_vs_mass.vl.json").read_text()
-    assert "time per token (ms)" in text
+    assert "time per token (ms" in text
+
+
+def _walk(node, key):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            if k not in ("datasets", "data"):
+                yield from _walk(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v, key)
+
+
+def test_charts_are_sized_for_reading(rep):
+    """Plots at least 600 px wide and axis, legend and mark text of at least 12 px, in every chart (the
+    browser test measures the rendered page as well)."""
+    out = rep["out"]
+    for name, f in rep["manifest"]["files"]["charts"].items():
+        spec = json.loads((out / f["spec"]).read_text())
+        widths = [w for w in _walk(spec, "width") if isinstance(w, (int, float))]
+        assert widths and min(widths) >= 600, (name, widths)
+        cfg = spec["config"]
+        assert cfg["axis"]["labelFontSize"] >= 12 and cfg["axis"]["titleFontSize"] >= 12, name
+        assert cfg["legend"]["labelFontSize"] >= 12 and cfg["title"]["subtitleFontSize"] >= 12, name
+        sizes = [v for v in _walk(spec, "fontSize") if isinstance(v, (int, float))]
+        assert min(sizes) >= 12, (name, sizes)
+
+
+def test_time_vs_mass_is_cut_above_the_baseline_and_names_what_it_leaves_out(rep):
+    spec = json.loads((rep["out"] / "charts" / "time_vs_mass.vl.json").read_text())
+    results = pl.read_parquet(rep["results"])
+    panels = spec["vconcat"]
+    assert [p["title"]["text"] for p in panels] == [f"budget {100 * b:g}%" for b in BUDGETS]
+    for b, panel in zip(BUDGETS, panels):
+        rows = spec["datasets"][panel["data"]["name"]]
+        part = results.filter(pl.col("budget") == b)
+        base_ms = 1e3 * part.filter(pl.col("preset") == "fetch-all")["s_per_token"][0]
+        assert max(r["ms_per_token"] for r in rows) <= 1.08 * base_ms + 1e-9
+        assert len(rows) == part.filter(1e3 * pl.col("s_per_token") <= 1.08 * base_ms).height
+        slower = part.filter(1e3 * pl.col("s_per_token") > 1.08 * base_ms)
+        said = " ".join(panel["title"].get("subtitle", []))
+        assert all(p in said for p in slower["policy"].to_list()), (b, said)
+    assert "no cache / cpu" in json.dumps([p["title"] for p in panels])
 
 
 def test_html_is_self_contained(rep):
@@ -97,11 +141,13 @@ def test_tables_in_markdown_latex_csv(rep):
         rows = [ln for ln in md.splitlines() if ln.startswith("|")]
         assert len(rows) >= 3 and len({ln.count(" | ") for ln in rows[:1] + rows[2:]}) == 1, name
         tex = (out / f["LaTeX"]).read_text()
-        assert tex.count(r"\begin{tabular}") == 1 and tex.count(r"\end{table}") == 1
-        spec = re.search(r"\\begin\{tabular\}\{([lr]+)\}", tex).group(1)
-        body = tex.split(r"\begin{tabular}")[1].split(r"\end{tabular}")[0]
+        assert tex.count(r"\sbox0{\begin{tabular}") == 1 and tex.count(r"\end{table}") == 1
+        spec = re.search(r"\\sbox0\{\\begin\{tabular\}\{((?:p\{[^}]*\}|[lr])+)\}", tex).group(1)
+        n_cols = len(re.findall(r"p\{[^}]*\}|[lr]", spec))
+        body = tex.split(r"\sbox0{\begin{tabular}")[1].rsplit(r"\end{tabular}}", 1)[0]
         lines = [ln for ln in body.splitlines() if ln.endswith(r"\\")]
-        assert lines and all(len(re.findall(r"(?<!\\)&", ln)) == len(spec) - 1 for ln in lines), name
+        assert lines and all(len(re.findall(r"(?<!\\)&", ln)) == n_cols - 1 for ln in lines), name
+        assert re.search(r"\\label\{tab:moesim-[a-z0-9-]+\}", tex), f"{name}: label needs no escapes"
         assert "SYNTHETIC" in tex and "SYNTHETIC" in md
         assert tex.isascii(), f"{name}.tex: non-ASCII text breaks pdflatex"
         csv = pl.read_csv(out / f["CSV"])
@@ -115,39 +161,53 @@ def test_routing_profile_table_matches_replays(rep):
 
     r = load_routing(rep["trace"])
     table = pl.read_csv(rep["out"] / "tables" / "routing_profile.csv")
-    assert table["budget (% of experts)"].to_list() == [100 * b for b in BUDGETS]
+    assert table["budget (%)"].to_list() == [100 * b for b in BUDGETS]
     prof = profile(r)
-    assert table["reuse at next token"][0] == pytest.approx(prof["reuse_next_token"])
-    assert table["working set 95% (% of experts)"][0] == pytest.approx(100 * prof["working_set_95"])
+    assert table["reuse next"][0] == pytest.approx(prof["reuse_next_token"])
+    assert table["WS95 (%)"][0] == pytest.approx(100 * prof["working_set_95"])
     for i, b in enumerate(BUDGETS):
-        for ev, col in (("lru", "LRU hit (%)"), ("static", "static hit (%)"), ("belady", "Belady hit (%)")):
+        for ev, col in (("lru", "LRU (%)"), ("static", "static (%)"), ("belady", "Belady (%)")):
             want = 100 * simulate(r, SimConfig(eviction=ev, budget=b)).totals()["hit_rate"]
             assert table[col][i] == pytest.approx(want), (ev, b)
     # Belady is the offline optimum among the cold-start evictions
-    assert (table["Belady hit (%)"] >= table["LRU hit (%)"]).all()
+    assert (table["Belady (%)"] >= table["LRU (%)"]).all()
 
 
 def test_policy_table_rows(rep):
     table = pl.read_csv(rep["out"] / "tables" / "policies.csv", infer_schema_length=0)
-    presets = set(table["policy"].to_list())
+    presets = set(table["preset"].to_list())
     assert {"quality-first", "speed-first", "fetch-all", "llama.cpp"} <= presets
     assert table["ΔPPL (%)"].is_null().all()  # left for the user's own measurement
     rows = pl.read_parquet(rep["results"])
     fa = rows.filter((pl.col("preset") == "fetch-all") & (pl.col("budget") == 0.25)).row(0, named=True)
-    mine = table.filter((pl.col("policy") == "fetch-all")
-                        & (pl.col("budget (% of experts)") == "25.0")).row(0, named=True)
-    assert float(mine["ms per token"]) == pytest.approx(1e3 * fa["s_per_token"])
+    mine = table.filter((pl.col("preset") == "fetch-all") & (pl.col("budget (%)") == "25.0")).row(0, named=True)
+    assert float(mine["ms/token"]) == pytest.approx(1e3 * fa["s_per_token"])
     assert float(mine["speed-up (×)"]) == pytest.approx(1.0)
-    assert float(mine["substituted (%)"]) == 0.0
-    # speed-up: the fetch-all preset's time per token at the same budget over the row's
-    at25 = table.filter(pl.col("budget (% of experts)") == "25.0")
-    ms = at25["ms per token"].cast(float)
-    assert at25["speed-up (×)"].cast(float).to_list() == pytest.approx((float(mine["ms per token"]) / ms).to_list())
-    assert ms.to_list() == sorted(ms.to_list())  # fastest first within a budget
-    qf = table.filter(pl.col("policy") == "quality-first")
-    assert (qf["substituted (%)"].cast(float) > 0).all()
+    assert float(mine["subst. (%)"]) == 0.0 and float(mine["drop (%)"]) == 0.0
+    # speed-up: the sweep's one baseline (the fetch-all preset) at the same budget over the row's, as in the
+    # sweep's own table and JSON
+    at25 = table.filter(pl.col("budget (%)") == "25.0")
+    ms = at25["ms/token"].cast(float)
+    assert at25["speed-up (×)"].cast(float).to_list() == pytest.approx((float(mine["ms/token"]) / ms).to_list())
+    # the class that always runs the first choice first, fastest first within a class
+    assert at25["1st choice"].to_list() == sorted(at25["1st choice"].to_list())
+    for klass in ("kept", "may lose"):
+        part = at25.filter(pl.col("1st choice") == klass)["ms/token"].cast(float).to_list()
+        assert part == sorted(part)
+    # the numbers are what the caption says: substitutions and drops apart, mass of both
+    by_policy = {(r["policy"], r["budget"]): r for r in rows.to_dicts()}
+    for r in table.to_dicts():
+        src = by_policy[(r["policy"], float(r["budget (%)"]) / 100)]
+        assert float(r["subst. (%)"]) == pytest.approx(100 * src["substitution_rate"], abs=0.05)
+        assert float(r["drop (%)"]) == pytest.approx(100 * src["drop_rate"], abs=0.05)
+        assert float(r["mass/step"]) == pytest.approx(src["mass_per_step"], abs=5e-5)
+    caption = json.loads((rep["out"] / "report.json").read_text())
+    qf = table.filter(pl.col("preset") == "quality-first")
+    assert (qf["subst. (%)"].cast(float) > 0).all()
     md = (rep["out"] / "tables" / "policies.md").read_text()
     assert "ΔPPL" in md and r"$\Delta$PPL" in (rep["out"] / "tables" / "policies.tex").read_text()
+    assert "served by a substitute expert" in md and "share dropped" in md and "substitute or dropped" not in md
+    assert caption["synthetic"] is True
 
 
 def test_rebuild_replaces_atomically_and_refuses_foreign_dirs(rep, tmp_path):
@@ -206,4 +266,23 @@ def test_results_without_their_trace(rep, tmp_path):
     # the hit-rate curve falls back to the sweep's fetch-all rows: one point per eviction and budget
     spec = json.loads((tmp_path / "out" / "charts" / "hit_rate_vs_budget.vl.json").read_text())
     (data,) = [v for v in spec["datasets"].values() if v and "eviction" in v[0]]
-    assert len(data) == 7 * len(BUDGETS)  # six evictions, and static-layers (the llama.cpp preset's baseline)
+    assert len(data) == 6 * len(BUDGETS)  # six evictions
+
+
+def test_a_cache_that_does_not_fit_is_flagged_in_the_report(rep, tmp_path):
+    """bf16 Qwen3-30B-A3B at half its experts needs 27 GiB of VRAM; the RTX 3090 preset has 20.2 GiB free."""
+    from moesim.reports.report import build_report
+    from moesim.sweeps.grid import Grid
+    from moesim.sweeps.run import run_sweep
+
+    out = run_sweep([rep["trace"]], Grid(budgets=[0.5], quants=["bf16"], evictions=["lru"],
+                                         misses=["fetch-all", "first-choice"], admits=[None], presets=False), jobs=1)
+    m = build_report(tmp_path / "r", results=out)
+    assert any(n.startswith("WARNING: at budget 50% the cache needs 27.0 GiB of VRAM") for n in m["notes"])
+    table = pl.read_csv(tmp_path / "r" / "tables" / "policies.csv")
+    assert set(table["fits"]) == {"NO"}
+    assert "fits = NO" in (tmp_path / "r" / "tables" / "policies.md").read_text()
+    html = (tmp_path / "r" / "index.html").read_text()
+    assert "WARNING: at budget 50%" in html and "quantization" in html and "bf16: given" in html
+    spec = json.loads((tmp_path / "r" / "charts" / "time_vs_mass.vl.json").read_text())
+    assert "does not fit" in json.dumps(spec["vconcat"][0]["title"])

@@ -1,9 +1,21 @@
-"""Sweep grids: the default grid, presets, fetch-all baselines, TOML files, flags over files."""
+"""Sweep grids: the default grid, presets, the speed-up baseline, TOML files, flags over files."""
 
 import pytest
 
 from moesim.errors import MoesimError
-from moesim.sweeps.grid import PRESETS, Grid, axis, baseline_of, canonical, expand, grid_from_doc, load_toml
+from moesim.sweeps.grid import (
+    PRESETS,
+    Grid,
+    axis,
+    baseline_label,
+    baseline_of,
+    baseline_policy,
+    canonical,
+    expand,
+    grid_from_doc,
+    load_toml,
+    never_cached,
+)
 from moesim.sweeps.run import preset_names
 
 
@@ -11,10 +23,10 @@ def configs(grid):
     return [p.config for p in expand(grid)]
 
 
-def test_default_grid_has_42_distinct_configs_per_budget_with_every_preset():
+def test_default_grid_has_37_distinct_configs_per_budget_with_every_preset():
     cfgs = configs(Grid(budgets=[0.25]))
-    assert len(cfgs) == 42  # 40 + the llama.cpp preset (static-layers + cpu) and its fetch-all baseline
-    assert len({c.key() for c in cfgs}) == 42
+    assert len(cfgs) == 37  # 6 x 5 x 2 = 60 - 15 - 5 - 4 = 36, + the llama.cpp preset (static-layers + cpu)
+    assert len({c.key() for c in cfgs}) == 37
     assert {c.eviction for c in cfgs} == {"lru", "lfu", "freq", "fifo", "static", "static-layers", "belady"}
     assert {c.miss for c in cfgs} == {"fetch-all", "threshold:0.15", "first-choice", "substitute", "cpu"}
     names = {n for c in cfgs for n in preset_names(c).split(",") if n}
@@ -25,24 +37,53 @@ def test_default_grid_has_42_distinct_configs_per_budget_with_every_preset():
             assert c.miss in ("threshold:0.15", "first-choice", "substitute") and not c.pinned
     # substitute without admission on a cold unpinned cache drops everything: left out by default
     assert not [c for c in cfgs if c.miss == "substitute" and c.admit is None and not c.pinned]
-    assert len(configs(Grid(budgets=[0.125, 0.25, 0.5]))) == 126
+    # nothing is ever cached under cpu without pinning: one replay, kept once (under lru), not five times
+    assert [c.eviction for c in cfgs if c.miss == "cpu" and never_cached(c)] == ["lru"]
+    assert {c.eviction for c in cfgs if c.miss == "cpu"} == {"lru", "static", "static-layers"}
+    assert len(configs(Grid(budgets=[0.125, 0.25, 0.5]))) == 111
 
 
-def test_every_config_has_its_fetch_all_baseline():
+def test_every_group_has_the_one_baseline():
     cfgs = configs(Grid(budgets=[0.25], evictions=["belady"], misses=["first-choice"], admits=[0.5]))
     keys = {c.key() for c in cfgs}
     for c in cfgs:
         assert baseline_of(c).key() in keys
-    # the presets came along, with their baselines (freq, static-layers and lru fetch-all)
+    # the presets came along; the baseline is the fetch-all preset, not fetch-all under each eviction
     assert {preset_names(c) for c in cfgs} >= {"quality-first", "speed-first", "fetch-all", "llama.cpp"}
-    assert {(c.eviction, c.miss) for c in cfgs if c.miss == "fetch-all"} == {
-        ("belady", "fetch-all"), ("freq", "fetch-all"), ("static-layers", "fetch-all"), ("lru", "fetch-all")}
+    assert {(c.eviction, c.miss) for c in cfgs if c.miss == "fetch-all"} == {("lru", "fetch-all")}
+    # another baseline is added to the grid instead
+    cfgs = configs(Grid(budgets=[0.25], evictions=["belady"], misses=["first-choice"], admits=[0.5], presets=False,
+                        baseline="freq/fetch-all"))
+    assert sorted(c.label() for c in cfgs) == ["belady / first-choice / admit 0.5 / 0.25 budget",
+                                               "freq / fetch-all / 0.25 budget"]
+
+
+@pytest.mark.parametrize("spec, policy, label", [
+    ("fetch-all", ("lru", "fetch-all", None), "lru / fetch-all (fetch-all preset)"),
+    ("lru/fetch-all", ("lru", "fetch-all", None), "lru / fetch-all (fetch-all preset)"),
+    ("freq / threshold:0.15 / admit 0.5", ("freq", "threshold:0.15", 0.5),
+     "freq / threshold:0.15 / admit 0.5 (quality-first preset)"),
+    ("llama.cpp", ("static-layers", "cpu", None), "static-layers / cpu (llama.cpp preset)"),
+    ("belady/fetch-all", ("belady", "fetch-all", None), "belady / fetch-all"),
+])
+def test_baseline_specs_and_labels_read_back(spec, policy, label):
+    assert baseline_policy(spec) == policy and baseline_label(spec) == label
+    assert baseline_policy(label) == policy  # the label stored in results files parses back
+
+
+@pytest.mark.parametrize("spec", ["nope", "lru", "lru/fetch-all/admit x", "mru/fetch-all"])
+def test_bad_baselines_are_one_line_errors(spec):
+    with pytest.raises(MoesimError):
+        baseline_policy(spec)
 
 
 def test_presets_can_be_left_out_and_explicit_axes_are_kept_verbatim():
     cfgs = configs(Grid(slots=[8], evictions=["lru"], misses=["substitute", "cpu"], admits=[None], presets=False))
     assert sorted(c.label() for c in cfgs) == ["lru / cpu / 8 slots", "lru / fetch-all / 8 slots",
                                                "lru / substitute / 8 slots"]
+    # explicit evictions with the default miss axis: the never-cached cpu replay is still kept once
+    cfgs = configs(Grid(slots=[8], evictions=["freq", "belady"], admits=[None], presets=False))
+    assert [c.eviction for c in cfgs if c.miss == "cpu"] == ["freq"]
 
 
 def test_admission_that_cannot_act_is_canonicalized():

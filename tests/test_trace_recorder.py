@@ -37,7 +37,7 @@ def test_split_sequences_errors(tmp_path):
     a.write_text("abc")
     with pytest.raises(MoesimError, match="one --domain per --text"):
         split_sequences([str(a), str(a)], ["x", "y", "z"], _chars, 8)
-    with pytest.raises(MoesimError, match="no such text file"):
+    with pytest.raises(MoesimError, match="no such file"):
         split_sequences([str(tmp_path / "none.txt")], None, _chars, 8)
     (tmp_path / "e.txt").write_text("")
     with pytest.raises(MoesimError, match="empty"):
@@ -106,17 +106,38 @@ def test_family_metadata_from_released_configs(family):
                             topk_group=4, routed_scaling_factor=2.5, n_shared_experts=1),
         "gpt_oss": dict(num_hidden_layers=36, num_local_experts=128, num_experts_per_tok=4, hidden_size=2880,
                         intermediate_size=2880),
+        # DeepSeek-V2-Lite (DeepSeek-V2 paper, arXiv 2405.04434, appendix B: 27 layers, 2 shared + 64 routed
+        # experts, 6 activated, every FFN but the first one MoE; greedy top-k, no renormalization)
+        "deepseek_v2": dict(num_hidden_layers=27, n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2,
+                            first_k_dense_replace=1, hidden_size=2048, moe_intermediate_size=1408,
+                            topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0),
+        # GLM-4.5 (355B-A32B: 3 dense + 89 MoE layers, 160 experts, top-8, 1 shared, sigmoid + expert bias,
+        # scale 2.5, as in slime's scripts/models/glm4.5-355B-A32B.sh)
+        "glm4_moe": dict(num_hidden_layers=92, n_routed_experts=160, num_experts_per_tok=8, n_shared_experts=1,
+                         first_k_dense_replace=3, hidden_size=5120, moe_intermediate_size=1536, norm_topk_prob=True,
+                         routed_scaling_factor=2.5),
+        # dots.llm1 (technical report, arXiv 2506.05767: 62 layers, 128 routed + 2 shared experts, top-6)
+        "dots1": dict(num_hidden_layers=62, n_routed_experts=128, num_experts_per_tok=6, n_shared_experts=2,
+                      first_k_dense_replace=1, hidden_size=4096, moe_intermediate_size=1408, norm_topk_prob=True),
+        # Granite-3.0-3B-A800M (Granite 3.0 report, model table: 32 layers, 40 experts of 512, top-8)
+        "granitemoe": dict(num_hidden_layers=32, num_local_experts=40, num_experts_per_tok=8, hidden_size=1536,
+                           intermediate_size=512),
+        # MiniMax-M2 (the released config's values, which transformers' MiniMaxM2Config defaults carry:
+        # 62 layers, 256 experts, top-8, hidden 3072, expert size 1536)
+        "minimax_m2": dict(num_hidden_layers=62, num_local_experts=256, num_experts_per_tok=8, hidden_size=3072,
+                           intermediate_size=1536),
     }
     cfg = configs[family]
     fam = family_of(family)
     g = gating_meta(cfg, fam)
     moe, dense = moe_layer_indices(cfg, fam)
-    assert g["gating"] == {"deepseek_v3": "sigmoid", "mixtral": "softmax_topk", "gpt_oss": "softmax_topk"}.get(
-        family, "softmax")
-    assert g["norm_topk_prob"] == (family not in ("qwen2_moe", "olmoe"))
-    assert dense == ([0, 1, 2] if family == "deepseek_v3" else [])
+    sigmoid = ("deepseek_v3", "glm4_moe", "dots1", "minimax_m2")
+    assert g["gating"] == {"mixtral": "softmax_topk", "gpt_oss": "softmax_topk", "granitemoe": "softmax_topk"}.get(
+        family, "sigmoid" if family in sigmoid else "softmax")
+    assert g["norm_topk_prob"] == (family not in ("qwen2_moe", "olmoe", "deepseek_v2"))
+    assert dense == list(range(cfg.get("first_k_dense_replace", 0)))
     assert len(moe) + len(dense) == cfg["num_hidden_layers"]
-    assert g["n_shared_experts"] == (1 if family in ("qwen2_moe", "qwen3_next", "deepseek_v3") else 0)
+    assert g["n_shared_experts"] == cfg.get("n_shared_experts", 1 if family in ("qwen2_moe", "qwen3_next") else 0)
     if family == "qwen3_moe":   # Qwen3-30B-A3B: 3 x 2048 x 768 bf16 weights per expert
         assert bytes_per_expert(cfg, fam)["bf16"] == 3 * 2048 * 768 * 2
     if family == "deepseek_v3":

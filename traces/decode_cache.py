@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from moesim.errors import MoesimError
+from moesim.files import atomic
 from moesim.traces.reader import TraceFile
 from moesim.traces.routing import Routing, decode
 
@@ -59,14 +61,9 @@ def load_decoded(source, candidates: int | None = None):
     if r.token is not None:
         arrs["token"] = r.token
     if sum(a.nbytes for a in arrs.values()) <= MAX_BYTES:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            with atomic(path) as tmp, open(tmp, "wb") as f:
                 np.savez(f, domain_names=np.array(r.domain_names, dtype=str), **arrs)
-            os.replace(tmp, path)
-        except OSError:
+        except (OSError, MoesimError):
             pass  # a read-only or full disk only costs the next run a decode
-        finally:
-            tmp.unlink(missing_ok=True)
     return r

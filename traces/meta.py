@@ -139,6 +139,8 @@ class TraceMeta:
             raise MoesimError("MoE layer indices must be distinct and non-negative")
         if any(x > 32767 for x in self.moe_layers):
             raise MoesimError("MoE layer indices must fit the int16 layer column (<= 32767)")
+        if len(set(self.dense_layers)) != len(self.dense_layers) or any(not 0 <= x <= 32767 for x in self.dense_layers):
+            raise MoesimError("dense layer indices must be distinct integers in 0..32767")
         if set(self.dense_layers) & set(self.moe_layers):
             raise MoesimError("a layer cannot be both dense and MoE (dense_layers overlaps moe_layers)")
         if self.layout == "dense" and self.n_candidates != self.n_experts:
@@ -193,6 +195,9 @@ class TraceMeta:
             raise MoesimError(f"trace metadata is not valid JSON ({exc})") from None
         if not isinstance(doc, dict):
             raise MoesimError("trace metadata is not a JSON object")
+        if _depth(doc) > MAX_DEPTH:
+            # copying or printing it (info, sweep rows) would recurse once per level
+            raise MoesimError(f"trace metadata is nested more than {MAX_DEPTH} levels deep")
         version = doc.get("schema_version")
         if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
             raise MoesimError(_version_error(version))
@@ -205,9 +210,10 @@ class TraceMeta:
         unknown = sorted(set(doc) - names)
         kwargs = {k: v for k, v in doc.items() if k in names}
         if unknown:
-            src = dict(kwargs.get("source") or {})
-            src["unknown_metadata"] = {k: doc[k] for k in unknown}
-            kwargs["source"] = src
+            src = kwargs.get("source") or {}
+            if not isinstance(src, dict):
+                raise MoesimError(f"trace metadata field source must be a JSON object, got {src!r:.60}")
+            kwargs["source"] = {**src, "unknown_metadata": {k: doc[k] for k in unknown}}
         try:
             return cls(**kwargs)
         except (TypeError, ValueError, OverflowError) as exc:
@@ -220,6 +226,24 @@ class TraceMeta:
 def _version_error(version) -> str:
     return (f"unsupported trace schema version {version!r} "
             f"(this moesim reads versions {', '.join(map(str, SCHEMA_VERSIONS))})")
+
+
+MAX_DEPTH = 64  # levels of nesting a metadata document may have (real ones have 4)
+
+
+def _depth(doc) -> int:
+    """Nesting depth of a JSON document, without recursion."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            break
+        if isinstance(node, dict):
+            stack.extend((v, d + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, d + 1) for v in node)
+    return deepest
 
 
 _INT_FIELDS = ("n_experts", "top_k", "n_candidates", "n_shared_experts", "n_group", "topk_group", "schema_version")

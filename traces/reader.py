@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moesim.errors import MoesimError
+from moesim.files import regular_file
 from moesim.traces.meta import METADATA_KEY, PHASES, TraceMeta
 from moesim.traces.schema import required_columns
 
@@ -55,6 +56,7 @@ class TraceFile:
             raise MoesimError(f"{self.path}: no such file")
         if self.path.is_dir():
             raise MoesimError(f"{self.path}: is a directory, not a trace file")
+        regular_file(self.path, "trace file")  # a FIFO would block the reader forever
         try:
             self._pf = pq.ParquetFile(self.path, page_checksum_verification=True)
             schema = self._pf.schema_arrow
@@ -73,6 +75,21 @@ class TraceFile:
         self.num_rows = self._pf.metadata.num_rows
         if self.num_rows == 0:
             raise MoesimError(f"{self.path}: empty trace (no rows)")
+        self._check_footer()
+
+    def _check_footer(self) -> None:
+        """Row counts in the footer that disagree with each other: a damaged or forged file (the
+        counts actually read are checked against them in ``iter_batches``)."""
+        md = self._pf.metadata
+        groups = [md.row_group(i) for i in range(md.num_row_groups)]
+        if sum(g.num_rows for g in groups) != md.num_rows:
+            raise MoesimError(f"{self.path}: damaged footer: the file claims {md.num_rows} rows, its row groups "
+                              f"{sum(g.num_rows for g in groups)}")
+        seq = self.schema.get_field_index("seq")
+        for i, g in enumerate(groups):
+            if g.num_rows < 0 or g.column(seq).num_values != g.num_rows:
+                raise MoesimError(f"{self.path}: damaged footer: row group {i} claims {g.num_rows} rows but "
+                                  f"{g.column(seq).num_values} seq values")
 
     def _check_columns(self) -> None:
         names = set(self.schema.names)
@@ -156,17 +173,23 @@ class TraceFile:
                            row_groups: list[int] | None = None) -> Iterator[tuple[bool, pa.RecordBatch]]:
         """Like iter_batches (optionally only the given row groups), yielding (first batch of its row
         group?, batch): the ranked layout's move-to-front state restarts at every row group."""
-        try:
-            # One row group at a time: iter_batches over the whole file reads ahead across groups.
-            for i in range(self._pf.num_row_groups) if row_groups is None else row_groups:
-                first = True
+        # One row group at a time: iter_batches over the whole file reads ahead across groups.
+        for i in range(self._pf.num_row_groups) if row_groups is None else row_groups:
+            want, got = self._pf.metadata.row_group(i).num_rows, 0
+            try:
                 for batch in self._pf.iter_batches(batch_size=batch_rows or self.batch_rows, columns=columns,
                                                    row_groups=[i]):
+                    first = got == 0
+                    got += batch.num_rows
+                    if got > want:
+                        break
                     yield first, batch
-                    first = False
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise MoesimError(f"{self.path}: unreadable row data, the file is damaged or truncated "
-                              f"({_short(exc)})") from None
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                raise MoesimError(f"{self.path}: unreadable row data, the file is damaged or truncated "
+                                  f"({_short(exc)})") from None
+            if got != want:
+                raise MoesimError(f"{self.path}: damaged file: row group {i} holds {'more than ' if got > want else ''}"
+                                  f"{got} rows of {', '.join(columns)}, its footer says {want}")
 
     def read_keys(self) -> Keys:
         """The per-row keys of the whole trace, streamed; score columns are not read."""

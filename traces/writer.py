@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moesim.errors import MoesimError
+from moesim.files import Output, write_error
 from moesim.traces import ranked as rk
 from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.schema import arrow_schema, gate_column
@@ -33,13 +35,16 @@ class TraceWriter:
 
     Rows are buffered and written one row group at a time, so a tracer's memory
     stays bounded by one chunk. The file appears under its final name only when
-    complete (written to ``NAME.partial`` first, then renamed); an exception
-    inside the ``with`` block leaves no file behind.
+    complete (written to a temporary ``.NAME.PID-N.partial`` unique to the writer,
+    then fsynced and renamed); an exception inside the ``with`` block, or a full
+    disk, leaves no file behind. ``inputs``: files the command reads, which the
+    destination must not be.
     """
 
     def __init__(self, path: str | os.PathLike, meta: TraceMeta, *, domains: list[str] | None = None,
                  token: bool = False, selected: bool = False, weights: bool = False,
-                 row_group_size: int = DEFAULT_ROW_GROUP, phase: bool = True, compression_level: int = 9):
+                 row_group_size: int = DEFAULT_ROW_GROUP, phase: bool = True, inputs=(),
+                 compression_level: int = 9):
         self.path = Path(path)
         self.meta = meta
         self.domains = list(domains) if domains else None
@@ -71,16 +76,23 @@ class TraceWriter:
         self._lut = np.full(len(self._layer_ok), -1, np.int32)
         self._lut[list(meta.moe_layers)] = np.arange(meta.n_layers, dtype=np.int32)
         self.rows_written = 0
-        self._tmp = self.path.with_name(self.path.name + ".partial")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._pq = pq.ParquetWriter(
-            self._tmp, self.schema, compression="zstd", compression_level=compression_level,
-            use_dictionary=["phase", "domain"], write_statistics=["seq", "pos", "layer"],
-            # CRC32 per page: damaged bytes in incompressible float data would otherwise decode silently
-            write_page_checksum=True,
-            use_byte_stream_split=[c for c in ("logits", "top_logits", "lse", "weights", "gate_logits")
-                                   if c in self.schema.names],
-        )
+        # refuses an input of the command or a special file as the destination, before any work
+        self._out = Output(self.path, inputs)
+        self._tmp = self._out.tmp
+        self._pq: pq.ParquetWriter | None = None
+        try:
+            self._pq = pq.ParquetWriter(
+                self._tmp, self.schema, compression="zstd", compression_level=compression_level,
+                use_dictionary=["phase", "domain"], write_statistics=["seq", "pos", "layer"],
+                # CRC32 per page: damaged bytes in incompressible float data would otherwise decode silently
+                write_page_checksum=True,
+                use_byte_stream_split=[c for c in ("logits", "top_logits", "lse", "weights",
+                                                                  "gate_logits")
+                                       if c in self.schema.names],
+            )
+        except OSError as exc:
+            self._out.discard()
+            raise write_error(self.path, exc) from None
 
     def write(self, *, seq, pos, layer, phase="decode", logits=None, top_ids=None, top_logits=None, lse=None,
               counts=None, domain=None, token=None, selected=None, weights=None, ranked_ids=None, gate_gaps=None,
@@ -235,11 +247,17 @@ class TraceWriter:
     def _flush(self, final: bool = False) -> None:
         if not self._buf:
             return
+        if self._pq is None:
+            raise MoesimError(f"{self.path}: the writer is closed")
         table = pa.Table.from_batches(self._buf, schema=self._buf_schema)
-        if self._ranked:
-            self._flush_ranked(table, final)
-            return
-        self._pq.write_table(table, row_group_size=self.row_group_size)
+        try:
+            if self._ranked:
+                self._flush_ranked(table, final)
+                return
+            self._pq.write_table(table, row_group_size=self.row_group_size)
+        except OSError as exc:  # a full disk: no half-written file stays behind
+            self.abort()
+            raise write_error(self.path, exc) from None
         self.rows_written += table.num_rows
         self._buf, self._buffered = [], 0
 
@@ -261,6 +279,7 @@ class TraceWriter:
                                   f"0..{self.meta.n_experts - 1} (row {self.rows_written + bad})")
             group = table.slice(start, stop - start).add_column(
                 at, self.schema.field(at), rk.binary_column(rk.pack(codes, width)))
+            assert self._pq is not None  # checked by _flush
             self._pq.write_table(group, row_group_size=R)
             self.rows_written += group.num_rows
             start = stop
@@ -278,16 +297,25 @@ class TraceWriter:
         if self.rows_written == 0:
             self.abort()
             raise MoesimError(f"{self.path}: no rows were written; an empty trace is not published")
-        self._pq.close()
-        os.replace(self._tmp, self.path)
-        return self.path
+        if self._pq is None:
+            raise MoesimError(f"{self.path}: the writer is closed")
+        try:
+            self._pq.close()  # writes the footer: may hit a full disk too
+        except OSError as exc:
+            self.abort()
+            raise write_error(self.path, exc) from None
+        self._pq = None
+        return self._out.commit()
 
     def abort(self) -> None:
         self._buf, self._rk_ids, self._rk_lay = [], [], []
         try:
-            self._pq.close()
+            if self._pq is not None:
+                with contextlib.suppress(OSError):
+                    self._pq.close()
         finally:
-            self._tmp.unlink(missing_ok=True)
+            self._pq = None
+            self._out.discard()
 
     def __enter__(self) -> TraceWriter:
         return self

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("moesim.cli.sweep", "Rank a grid of cache policies on a trace: parallel, resumable, paper tables."),
     "mrc": ("moesim.cli.mrc", "Hit rate at every cache size (LRU in one pass; other policies on a grid)."),
     "trace": ("moesim.cli.trace", "Record router logits from a real model (transformers or llama.cpp)."),
+    "export": ("moesim.cli.export", "Write a static placement as llama.cpp flags, a pin list or JSON."),
     "hw": ("moesim.cli.hw", "Hardware presets: list, show (with defaults and their basis), probe this machine."),
     "calibrate": ("moesim.cli.calibrate", "Fit a machine file's rates to measured runs (llama-bench or CSV)."),
     "models": ("moesim.cli.models", "Model presets: geometry, parameters, bytes per expert and per token."),
@@ -73,11 +74,22 @@ class MoesimGroup(click.Group):
         except BrokenPipeError:
             sys.stderr.close()
             sys.exit(1)
+        except Exception as exc:
+            # an OS error no writer or reader turned into a MoesimError (a full disk deep inside a
+            # library, a vanished file): still one line. Anything else is a bug: its traceback helps.
+            from moesim.files import os_errno, os_error_message
+
+            if os_errno(exc) is None:
+                raise
+            where = getattr(exc, "filename", None)
+            _fail((f"{where}: " if where else "") + os_error_message(exc), 2)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def _fail(message: str, code: int):
-    click.echo(f"moesim: error: {message}", err=True)
+    from moesim.textsafe import term
+
+    click.echo(f"moesim: error: {term(message)}", err=True)
     sys.exit(code)
 
 

@@ -72,7 +72,7 @@ def estimate(model, quant, hw, vram_hit, ram_hit, batch, miss, engine, cpu_moe_l
         ("model / quant / hw", f"{d['model']} / {d['quant']} / {d['hw']} (engine {d['engine']})"),
         ("tokens/s", f"{d['tok_per_s']:.4g}" + (f" aggregate ({d['tok_per_s_per_seq']:.4g} per sequence)"
                                                  if batch > 1 else "")),
-        ("seconds/token", f"{d['s_per_token']:.4g}" + (f" ({d['bound']}-bound)" if d["bound"] == "compute" else "")),
+        ("ms/token", f"{1e3 * d['s_per_token']:.4g}" + (f" ({d['bound']}-bound)" if d["bound"] == "compute" else "")),
         ("expert reads", f"{d['experts_read_per_layer']:.4g} per layer per step; VRAM {rf['vram']:.1%}, "
                          f"host RAM {rf['ram']:.1%}, NVMe {rf['nvme']:.1%}{default_note}"),
         ("what fits", f"{fits['vram_expert_slots']} experts in VRAM, {fits['ram_expert_slots']} in host RAM, "
@@ -80,11 +80,11 @@ def estimate(model, quant, hw, vram_hit, ram_hit, batch, miss, engine, cpu_moe_l
         ("dense weights", f"{d['dense_placement']} ({human_bytes(d['dense_bytes_per_token'])} per token)"),
         ("misses", "copied to the GPU" if d["miss"] == "fetch" else "computed on the CPU"),
         ("bytes/token", {k: human_bytes(v) for k, v in d["bytes_per_token"].items() if v}),
-        ("time/step (s)", {k: v for k, v in d["time_per_step"].items() if v}),
+        ("time/step (ms)", {k: 1e3 * v for k, v in d["time_per_step"].items() if v}),
     ]
     if "prefill" in d:
         pf = d["prefill"]
-        rows.append(("prefill", f"{pf['tokens']} tokens in {pf['seconds']:.4g} s ({pf['tok_per_s']:.4g} tok/s)"))
+        rows.append(("prefill", f"{pf['tokens']} tokens in {1e3 * pf['seconds']:.4g} ms ({pf['tok_per_s']:.4g} tok/s)"))
     echo_kv(rows)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json, echo_kv
+from moesim.cli.output import FORMAT_OPTION, echo, echo_json, echo_kv
+from moesim.textsafe import term
 
 
 def _table(rows: list[dict], columns: list[tuple[str, str]]) -> None:
@@ -22,7 +23,7 @@ def _cell(v) -> str:
         return "-"
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
+    return term(v)
 
 
 @click.group("hw")
@@ -89,7 +90,7 @@ def hw_show(name, fmt):
             if key == "sources":
                 continue
             note = f"  # {src[key]}" if key in src else ""
-            click.echo(f"  {key.ljust(width)} = {value!r}{note}".replace("True", "true").replace("False", "false"))
+            echo(f"  {key.ljust(width)} = {value!r}{note}".replace("True", "true").replace("False", "false"))
         for key, d in s["defaults"].items():
             if key.startswith(table + "."):
                 click.echo(f"  {key.split('.', 1)[1]} = {d['value']!r}  # default: {d['basis']}")

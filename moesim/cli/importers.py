@@ -9,9 +9,11 @@ OUT = click.option("-o", "--output", "out", required=True, type=click.Path(dir_o
 
 
 def _report(result) -> None:
+    from moesim.cli.output import echo
+
     for note in result.notes:
-        click.echo(f"moesim: warning: {note}", err=True)
-    click.echo(result.summary())
+        echo(f"moesim: warning: {note}", err=True)
+    echo(result.summary())
 
 
 @click.group("import")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json, echo_kv, human_bytes
+from moesim.cli.output import FORMAT_OPTION, echo, echo_json, echo_kv, human_bytes
 
 TRACE = click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
 
@@ -79,7 +79,7 @@ def validate(trace):
     tag = "synthetic" if m.synthetic else "real"
     what = (f"{v['tokens']} tokens" if not v["frequency_only"]
             else f"frequency-only, {v['requests']} requests, {v['steps']} routed steps")
-    click.echo(f"ok: {trace}: {what} x {m.n_layers} MoE layers, top-{m.top_k} of {m.n_experts} ({tag})")
+    echo(f"ok: {trace}: {what} x {m.n_layers} MoE layers, top-{m.top_k} of {m.n_experts} ({tag})")
 
 
 commands = {"info": info, "validate": validate}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json, echo_kv, human_bytes
+from moesim.cli.output import FORMAT_OPTION, echo, echo_json, echo_kv, human_bytes
 from moesim.errors import MoesimError
 
 
@@ -96,7 +96,7 @@ def models_show(name, quants, fmt):
                      f"{human_bytes(s['file_bytes'][q])} ({s['file_bytes'][q] / 1e9:.1f} GB)"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        click.echo("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        echo("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
     click.echo(f"\nKV cache read per token at 4096 context (fp16): {human_bytes(s['kv_bytes_per_token_at_4096'])}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import Progress
+from moesim.cli.output import Progress, echo
 from moesim.cli.simulate import EVICTION_HELP
 from moesim.cli.sweep import FORMAT
 from moesim.policies import registry
@@ -43,8 +43,10 @@ def command(trace, eviction, allocation, slots_grid, budget_grid, warmup_tokens,
     """
     from moesim.reports.tables import frame_csv, frame_json, mrc_tables, render
     from moesim.sweeps.grid import axis
-    from moesim.sweeps.mrc import mrc, size_grid, write_curves
+    from moesim.sweeps.mrc import check_curve_paths, mrc, size_grid, write_curves
 
+    if output:
+        check_curve_paths(output, [trace])
     slots = axis("slots", slots_grid) if slots_grid else None
     budgets = axis("budgets", budget_grid) if budget_grid else None
     bar = Progress("mrc")
@@ -55,7 +57,7 @@ def command(trace, eviction, allocation, slots_grid, budget_grid, warmup_tokens,
     finally:
         bar.close()
     if output:
-        write_curves(curve, layers, output)
+        write_curves(curve, layers, output, inputs=[trace])
     if fmt == "json":
         click.echo(frame_json(curve, trace=trace, synthetic=bool(curve["synthetic"].any())))
     elif fmt == "csv":
@@ -64,4 +66,4 @@ def command(trace, eviction, allocation, slots_grid, budget_grid, warmup_tokens,
         E = int(round(curve["slots_per_layer"][0] / curve["budget"][0]))
         click.echo(render(mrc_tables(curve, size_grid(E, slots, budgets)), fmt))
     if output:
-        click.echo(f"wrote {output} ({curve.height} rows) and its per-layer rows", err=True)
+        echo(f"wrote {output} ({curve.height} rows) and its per-layer rows", err=True)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from moesim.jsonable import plain
+from moesim.textsafe import term
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                              show_default=True, help="Output format.")
@@ -26,24 +27,40 @@ def human_bytes(n: float) -> str:
     return str(n)
 
 
+def echo(text: str = "", err: bool = False) -> None:
+    """click.echo with control characters from data (model ids, domains, notes) shown escaped, line by line."""
+    click.echo("\n".join(term(line) for line in str(text).split("\n")), err=err)
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, dict):
-        return ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items()) or "-"
+        return ", ".join(f"{term(k)}: {_fmt(x)}" for k, x in v.items()) or "-"
     if isinstance(v, (list, tuple)):
         if len(v) > 12:
             return ", ".join(_fmt(x) for x in v[:12]) + f", ... ({len(v)} in all)"
         return ", ".join(_fmt(x) for x in v) or "-"
     if v is None:
         return "-"
-    return str(v)
+    return term(v)
 
 
-def echo_kv(rows: list[tuple[str, object]]) -> None:
-    width = max(len(k) for k, _ in rows)
+WIDTH = 120  # terminal output fits this many columns
+
+
+def echo_kv(rows: list[tuple[str, object]], width: int = WIDTH) -> None:
+    """``key  value`` lines; a long value wraps under itself, so a line never exceeds ``width``."""
+    import textwrap
+
+    key_w = max(len(k) for k, _ in rows)
+    indent = " " * (key_w + 2)
     for k, v in rows:
-        click.echo(f"{k.ljust(width)}  {_fmt(v)}")
+        text = _fmt(v)
+        lines = textwrap.wrap(text, width, initial_indent=term(k).ljust(key_w) + "  ", subsequent_indent=indent,
+                              break_on_hyphens=False, break_long_words=True) or [k]
+        for line in lines:
+            click.echo(line.rstrip())
 
 
 class Progress:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json
+from moesim.cli.output import FORMAT_OPTION, echo, echo_json
 
 
 @click.command("profile")
@@ -28,7 +28,7 @@ def command(trace, fmt, budget, slots, plot):
         echo_json(d)
     else:
         for line in render(d):
-            click.echo(line)
+            echo(line)
     if plot:
         from moesim.reports.report import build_report
 
@@ -79,7 +79,9 @@ def render(d: dict) -> list[str]:
     if len(sim["domains"]) > 1:
         names = sim["domains"]
         width = max(8, *(len(n) for n in names))
-        out.write(f"\ndomain similarity ({sim['measure'].replace('_', ' ')} of expert use, mean over layers)\n")
+        shown = f"; the {len(names)} with the most tokens of {sim['domains_total']} domains" \
+            if sim.get("domains_total") else ""
+        out.write(f"\ndomain similarity ({sim['measure'].replace('_', ' ')} of expert use, mean over layers{shown})\n")
         out.write(" " * width + "".join(f"{n[:8]:>9}" for n in names) + "\n")
         for n, row in zip(names, sim["matrix"]):
             out.write(n.ljust(width) + "".join(f"{v:9.2f}" for v in row) + "\n")

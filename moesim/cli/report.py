@@ -14,9 +14,11 @@ import click
               help="Budgets for the routing-profile table and the per-token replays (default: the sweep's; "
                    "without results 0.125, 0.25, 0.5). Repeatable.")
 @click.option("--title", default=None, help="Page title (default: 'moesim report: MODEL').")
+@click.option("--baseline", default=None, metavar="PRESET|EVICTION/MISS[/admit β]",
+              help="The config every speed-up divides by (default: the one the sweep used; see moesim sweep).")
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=str), required=True,
               help="Report directory to write (replaced atomically if it holds an earlier report).")
-def command(results, trace, budgets, title, out):
+def command(results, trace, budgets, title, baseline, out):
     """Write a self-contained HTML report of sweep RESULTS (results.parquet from `moesim sweep`) and/or
     a --trace to directory -o: index.html works offline (Vega inlined, no network request), every chart
     also as PNG and SVG, every table as Markdown, LaTeX and CSV (docs/reports.md).
@@ -30,7 +32,7 @@ def command(results, trace, budgets, title, out):
     if results is None and trace is None:
         raise MoesimError("give sweep RESULTS (a results.parquet), --trace TRACE, or both")
     manifest = build_report(out, results=results, trace=trace, budgets=list(budgets) or None, title=title,
-                            progress=_progress())
+                            progress=_progress(), baseline=baseline)
     echo_summary(manifest, out)
 
 
@@ -46,13 +48,15 @@ def echo_summary(manifest: dict, out: str) -> None:
     """What a report directory holds, in a few lines."""
     from pathlib import Path
 
+    from moesim.cli.output import echo
+
     files = manifest["files"]
     base = Path(out)
-    click.echo(f"wrote {base / files['html']} ({len(files['charts'])} charts, {len(files['tables'])} tables, "
+    echo(f"wrote {base / files['html']} ({len(files['charts'])} charts, {len(files['tables'])} tables, "
                f"{manifest['seconds']:.1f} s){'  [synthetic trace]' if manifest['synthetic'] else ''}")
     for name, f in files["charts"].items():
         click.echo(f"  chart  {name}: {base / f['png']}, {Path(f['svg']).name}")
     for name, f in files["tables"].items():
         click.echo(f"  table  {name}: {base / f['Markdown']}, {Path(f['LaTeX']).name}, {Path(f['CSV']).name}")
     for n in manifest["notes"]:
-        click.echo(f"  note   {n}")
+        echo(f"  note   {n}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json
+from moesim.cli.output import FORMAT_OPTION, WIDTH, echo, echo_json
 from moesim.policies import miss, registry
 
 EVICTION_HELP = registry.help_text()
@@ -44,7 +44,9 @@ def cost_options(f):
                      help="Hardware preset or TOML file (moesim hw list; default rtx3090-pcie4)."),
         click.option("--model", default=None,
                      help="Model preset or TOML file (default: the preset matching the trace's model)."),
-        click.option("--quant", default=None, help="Quantization: bf16, q8_0, q4_k_m, ... (default: native)."),
+        click.option("--quant", default=None,
+                     help="Quantization: bf16, q8_0, q4_k_m, ... (default: the native format if it fits the machine, "
+                          "else Q8_0 or Q4_K_M; docs/costmodel.md)."),
         click.option("--engine", default=None,
                      help="Engine profile that prices the replay: ideal (default), llama.cpp, mixtral-offloading, "
                           "ktransformers, or a TOML file."),
@@ -69,38 +71,50 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @click.option("--per-token", "per_token", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Also write the per-token series (hits, misses, substitutions, mass, ...) to this CSV or "
                    "Parquet file.")
+@click.option("--baseline", default="fetch-all", show_default=True, metavar="PRESET|EVICTION/MISS[/admit β]",
+              help="The config the speed-up divides by (as in moesim sweep): a preset or a policy.")
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, hw, model, quant, engine, per_token, fmt):
+            batch, hw, model, quant, engine, per_token, baseline, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
-    the chosen machine (with the speed-up over fetch-all with the same eviction
-    and budget, replayed in the same run, exactly as a sweep row). Give --budget
-    or --slots.
+    the chosen machine, with the speed-up over the baseline (default: the
+    fetch-all preset, lru + fetch-all) at the same cache size, replayed in the
+    same run, exactly as a sweep row. Give --budget or --slots.
 
     Example: moesim simulate traces/qwen3next.parquet -e freq -m threshold:0.15 --admit 0.5 -b 0.25
     """
+    from moesim.files import check_output
     from moesim.sweeps.single import simulate_one
 
+    if per_token:
+        check_output(per_token, [trace])
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch)
-    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine)
+    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline)
     result = one.result
     if per_token:
         from moesim.files import write_table
 
-        write_table(result.tokens_frame(), per_token)
+        write_table(result.tokens_frame(), per_token, inputs=[trace])
     row = one.row.row(0, named=True)
     doc = result.to_dict()
     doc["trace"].update(path=trace, model=row["model_id"])
     doc["priced_as"] = one.priced_as
+    doc["quant_choice"] = one.quant_choice
+    doc["keeps_first_choice"] = row["keeps_first_choice"]
     if result.timing is not None:
-        doc["speedup_vs_fetch_all"] = row["speedup_vs_fetch_all"]
+        doc["speedup"] = row["speedup"]
+        doc["baseline"] = row["baseline"]
     if fmt == "json":
         echo_json(doc)
         return
+    import textwrap
+
     for line in render(doc):
-        click.echo(line)
+        # long lines wrap under their value (the labels are 12 characters wide)
+        for part in textwrap.wrap(line, WIDTH, subsequent_indent=" " * 12, break_on_hyphens=False) or [""]:
+            echo(part)
 
 
 def render(doc: dict) -> list[str]:
@@ -113,9 +127,11 @@ def render(doc: dict) -> list[str]:
         f"requests    {t['requests']:,} over {doc['counted_tokens']:,} tokens",
         f"hit rate    {100 * t['hit_rate']:.2f}%   misses {t['misses']:,} = fetches {t['fetches']:,} + "
         f"substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}",
-        f"substituted {100 * t['substitution_rate']:.2f}% of requests, "
-        f"first choices {t['first_choice_substitutions']:,}"
-        f", mass per step {t['mass_per_step']:.4f}",
+        f"substituted {100 * t['substitution_rate']:.2f}% of requests, dropped {100 * t['drop_rate']:.2f}%, "
+        f"first choices substituted or dropped {t['first_choice_substitutions']:,}, "
+        f"mass per step {t['mass_per_step']:.4f}",
+        "class       " + ("always runs the router's first choice" if doc["keeps_first_choice"]
+                          else "may substitute or drop the router's first choice"),
         f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
     ]
     if "timing" in doc:
@@ -124,7 +140,8 @@ def render(doc: dict) -> list[str]:
         lines += [
             f"time        {1e3 * tm['s_per_token']:.2f} ms/token "
             f"({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
-            f"{_times(doc['speedup_vs_fetch_all'])} fetch-all; {doc['priced_as']}",
+            f"{_times(doc['speedup'])} vs {doc['baseline']}",
+            f"priced as   {doc['priced_as']} (quantization {doc['quant_choice']})",
             f"moved/token link {by['link_sync'] / 1e6:.1f} MB sync + {by['link_background'] / 1e6:.1f} MB background, "
             f"NVMe {by['nvme'] / 1e6:.1f} MB, CPU {by['cpu'] / 1e6:.1f} MB",
         ]

@@ -10,23 +10,23 @@ from moesim.policies import miss as miss_policies
 from moesim.policies import registry
 
 TABLE_FORMATS = ["table", "json", "csv", "markdown", "latex"]
+WIDTH = 120
 FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default="table", show_default=True,
                       help="table: ranked terminal table; json/csv: the result rows; markdown/latex: paper tables.")
 
 
-def print_results(df, fmt: str, top: int | None, header: dict):
+def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: float | None = None,
+                  wide: bool = False):
     from moesim.reports.tables import frame_csv, frame_json, render, sweep_tables
+    from moesim.sweeps.ranking import select_rows
 
-    if fmt in ("json", "csv") and top:
-        import polars as pl
-
-        df = df.filter(pl.col("rank") <= top)
+    shown, dropped = select_rows(df, top if fmt in ("json", "csv") else None, max_mass)
     if fmt == "json":
-        click.echo(frame_json(df, **header))
+        click.echo(frame_json(shown, **header))
     elif fmt == "csv":
-        click.echo(frame_csv(df), nl=False)
+        click.echo(frame_csv(shown), nl=False)
     else:
-        click.echo(render(sweep_tables(df, top), fmt))
+        click.echo(render(sweep_tables(shown, top, wide=wide, dropped=dropped), fmt, width=WIDTH if not wide else 0))
 
 
 @click.command("sweep")
@@ -35,7 +35,8 @@ def print_results(df, fmt: str, top: int | None, header: dict):
               help="Cache size as a fraction of each layer's experts; repeat, or a range START:STOP:STEP.")
 @click.option("--slots", "-s", multiple=True, metavar="N", help="Cache slots per layer; repeat, or START:STOP:STEP.")
 @click.option("--eviction", "-e", multiple=True,
-              help=EVICTION_HELP + f" Repeat for several (default: {', '.join(registry.default_evictions())}).")
+              help=EVICTION_HELP + f" Repeat for several (default: {', '.join(registry.default_evictions())}; "
+                                   "static-layers comes with the llama.cpp preset).")
 @click.option("--miss", "-m", multiple=True,
               help=MISS_HELP + f" Repeat for several (default: {', '.join(miss_policies.default_misses())}).")
 @click.option("--theta", multiple=True, metavar="θ",
@@ -52,7 +53,9 @@ def print_results(df, fmt: str, top: int | None, header: dict):
 @click.option("--hw", multiple=True, help="Hardware preset or TOML file; repeat to compare machines "
                                           "(default rtx3090-pcie4).")
 @click.option("--model", default=None, help="Model preset or TOML file (default: the trace's model).")
-@click.option("--quant", multiple=True, help="Quantization(s): bf16, q8_0, q4_k_m, ... (default: native).")
+@click.option("--quant", multiple=True, help="Quantization(s): bf16, q8_0, q4_k_m, ... (default: the native format if "
+                                             "it fits the machine, else Q8_0 or Q4_K_M, for the largest cache; "
+                                             "docs/costmodel.md).")
 @click.option("--engine", default=None,
               help="Engine profile pricing the grid: ideal (default), llama.cpp, mixtral-offloading, ktransformers or "
                    "a TOML file. The llama.cpp preset is always priced with the llama.cpp profile.")
@@ -66,26 +69,45 @@ def print_results(df, fmt: str, top: int | None, header: dict):
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: forked processes on this machine; ray: Ray tasks (RAY_ADDRESS or a local cluster).")
 @click.option("--top", type=int, default=None, help="Print only the best N configs of each group.")
+@click.option("--baseline", default=None, metavar="PRESET|EVICTION/MISS[/admit β]",
+              help="The config every speed-up divides by, added to every group (default: the fetch-all preset, "
+                   "lru/fetch-all: what an offloading engine without a policy runs).")
+@click.option("--rank-by", "rank_by", type=click.Choice(["class", "time"]), default="class", show_default=True,
+              help="class: policies that always run the router's first choice first (substituted mass tracks "
+                   "perplexity within that class), then time per token; time: time per token alone.")
+@click.option("--max-mass", "max_mass", type=click.FloatRange(min=0.0), default=None, metavar="M",
+              help="Print only configs that substitute or drop at most M gate mass per (token, layer) step.")
+@click.option("--wide", is_flag=True,
+              help="Print every column (first-choice substitutions, GB per token, VRAM); the default fits 120 "
+                   "columns.")
 @click.option("--flush-every", type=float, default=2.0, show_default=True, metavar="SECONDS",
               help="Save finished rows to -o at least this often.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-            reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, flush_every,
-            report_dir):
-    """Replay TRACE(s) through a grid of cache policies and print them ranked
-    by time per token (by hit rate when the trace cannot be priced), with the
-    speed-up over fetch-all, hit and substitution rates, substituted gate mass,
-    GB moved per token and a Pareto flag. With only --budget the grid is every
-    eviction x {fetch-all, threshold:0.15, first-choice, substitute, cpu} x
-    admission {none, 0.5} (40 configs per budget); the presets quality-first,
-    speed-first, fetch-all and llama.cpp are always included.
+            reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, baseline,
+            rank_by, max_mass, wide, flush_every, report_dir):
+    """Replay TRACE(s) through a grid of cache policies and print them ranked:
+    policies that always run the router's first choice first, then by time per
+    token (by hit rate when the trace cannot be priced), with the speed-up over
+    one baseline (--baseline), hit, substitution and drop rates, substituted
+    gate mass and a Pareto flag. Each table says the model, quantization and
+    machine its times assume, and warns when the cache does not fit in VRAM.
+
+    With only --budget the grid is 6 evictions (lru, lfu, freq, fifo, static,
+    belady) x 5 miss policies (fetch-all, threshold:0.15, first-choice,
+    substitute, cpu) x admission (none, 0.5) = 60 combinations, of which 36 are
+    replayed per budget (admission where it cannot act, substitute without
+    admission, and cpu under every eviction but one are left out, docs/sweep.md),
+    plus the llama.cpp preset (static-layers + cpu): 37 configs. The presets
+    quality-first, speed-first, fetch-all and llama.cpp are always included.
 
     Example: moesim sweep traces/qwen3next.parquet --budget 0.25 -o results.parquet
     """
     from moesim.sweeps.grid import grid_from_options
     from moesim.sweeps.run import run_sweep
+    from moesim.sweeps.store import layers_path
 
     def given(values):  # a repeatable flag that was not given keeps the file's (or the default) axis
         return list(values) or None
@@ -94,26 +116,33 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              misses=given(miss), thetas=given(theta), admits=given(admit),
                              allocations=given(allocation), batches=given(batch), warm=warm,
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=given(hw),
-                             model=model, quants=given(quant), engine=engine)
+                             model=model, quants=given(quant), engine=engine, baseline=baseline)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
-                        flush_seconds=flush_every)
+                        flush_seconds=flush_every, rank_by=rank_by)
     df = out.rows
     synthetic = bool(df["synthetic"].any()) if df.height else False
-    header = {"traces": list(traces), "synthetic": synthetic,
-              "ranked_by": sorted(set(df["ranked_by"].to_list())) if df.height else [],
-              "priced_as": out.notes}
-    print_results(df, fmt, top, header)
-    saved = f"; results in {out.output} and {out.output.with_name(out.output.stem + '.layers.parquet')}" \
-        if out.output else ""
+
+    def distinct(col):
+        return sorted({v for v in df[col].to_list() if v}) if df.height else []
+
+    header = {"traces": list(traces), "synthetic": synthetic, "ranked_by": distinct("ranked_by"),
+              "baseline": distinct("baseline"), "priced_as": out.notes, "quant_choice": distinct("quant_choice"),
+              "fits_in_vram": bool(df["fits_in_vram"].fill_null(True).all()) if df.height else True,
+              "max_mass": max_mass}
+    print_results(df, fmt, top, header, max_mass=max_mass, wide=wide)
     if executor == "ray" and out.computed:
         from moesim.sweeps.executors import ray_summary
 
         click.echo(ray_summary(out.executor_stats), err=True)
-    click.echo(f"{len(df)} configs: {out.computed} computed, {out.reused} already in the results file{saved}",
-               err=True)
+    if out.output:
+        click.echo(f"{len(df)} configs: {out.computed} computed, {out.reused} already in {out.output}; results in "
+                   f"{out.output} and {layers_path(out.output)}", err=True)
+    else:
+        click.echo(f"{len(df)} configs computed (not saved: add -o results.parquet to keep them and resume)",
+                   err=True)
     if report_dir:
         from moesim.reports.report import build_report
 
-        build_report(report_dir, results=out.output or out, trace=traces[0])
+        build_report(report_dir, results=out.output or out, trace=traces[0], baseline=grid.baseline)
         click.echo(f"report: {report_dir}/index.html", err=True)

@@ -31,11 +31,11 @@ def command(preset, tokens, seqs, seed, domains, candidates, prefill, layout, ge
     small generative model (per-layer Zipf popularity, domain-specific
     experts with topic switches, sticky experts across tokens, a dominant first
     choice). The metadata says synthetic: true. See docs/synthetic.md."""
+    from moesim.cli.output import echo
     from moesim.traces.synthetic import parse_domains, synthesize
 
     # The metadata records the canonical equivalent command line (not argv), so the file is reproducible.
     path = synthesize(preset, tokens, seqs=seqs, seed=seed, domains=parse_domains(domains), path=output,
-                      candidates=candidates, prefill=prefill, layout=layout,
-                      generator=generator)
-    click.echo(f"wrote {path} (synthetic, {preset}, {tokens} tokens in {seqs} sequence(s), seed {seed})")
+                      candidates=candidates, prefill=prefill, layout=layout, generator=generator)
+    echo(f"wrote {path} (synthetic, {preset}, {tokens} tokens in {seqs} sequence(s), seed {seed})")
 

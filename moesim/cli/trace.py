@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import Progress
+from moesim.cli.output import Progress, echo
 
 TEXTS = click.option("--text", "texts", multiple=True, required=True, type=click.Path(dir_okay=False),
                      help="A UTF-8 text file to run through the model (repeatable).")
@@ -18,7 +18,8 @@ CANDIDATES = click.option("--candidates", type=int, default=None,
                           help="Sparse layout: scored experts kept per row, M (default max(32, 2k), at most E).")
 DENSE = click.option("--dense", is_flag=True, help="Store all E logits per row instead of the best M.")
 MODEL_ID = click.option("--model-id", default=None, help="Model id in the metadata (default: from the model).")
-OUT = click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace (.parquet).")
+OUT = click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+                   help="Output trace (.parquet).")
 
 
 def _source_options(f):
@@ -32,7 +33,7 @@ def _done(out: str) -> None:
     from moesim.traces.info import trace_info
 
     d = trace_info(out)
-    click.echo(f"wrote {out}: {d['tokens']} tokens x {d['moe_layers']} MoE layers, top-{d['top_k']} of "
+    echo(f"wrote {out}: {d['tokens']} tokens x {d['moe_layers']} MoE layers, top-{d['top_k']} of "
                f"{d['experts']} ({d['family']}, {d['layout']} layout)")
 
 
@@ -64,8 +65,8 @@ def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype,
     """Trace a local transformers checkpoint MODEL_DIR with PyTorch.
 
     Families: Qwen3-MoE, Qwen3-Next, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3,
-    gpt-oss. Never downloads: MODEL_DIR must hold config.json, the weights and
-    the tokenizer. Needs the extra: pip install 'moesim[torch]'."""
+    DeepSeek-V2, GLM-4.5 (glm4_moe), dots.llm1, gpt-oss. Never downloads:
+    MODEL_DIR must hold config.json, the weights and the tokenizer. Needs the extra: pip install 'moesim[torch]'."""
     from moesim.traces.tracers.hf import trace_hf
 
     _check_exclusive(candidates, dense)
@@ -86,14 +87,19 @@ def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype,
               help="KV cache type (f32 with --flash-attn off matches an f32 PyTorch run to ~1e-5).")
 @click.option("--flash-attn", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="llama.cpp flash attention.")
+@click.option("--generate", type=int, default=0, show_default=True,
+              help="After each sequence, N greedy decode steps, recorded as decode rows.")
 @MODEL_ID
 @OUT
 def llama(gguf, texts, domains, seq_len, max_tokens, candidates, dense, n_batch, threads, kv_type, flash_attn,
-          model_id, out):
+          generate, model_id, out):
     """Trace a GGUF model with llama.cpp (llama-cpp-python, eval callback).
 
     Captures ffn_moe_logits-<layer>, the selected ids and the gate weights of
-    every MoE layer for every token. Needs the extra: pip install 'moesim[llama]'."""
+    every MoE layer for every token. Architectures: qwen3moe, qwen3next,
+    qwen2moe, llama (Mixtral), olmoe, deepseek2, gpt-oss, glm4moe, dots1;
+    others are refused.
+    Needs the extra: pip install 'moesim[llama]'."""
     from moesim.traces.tracers.llama import trace_llama
 
     _check_exclusive(candidates, dense)
@@ -101,5 +107,5 @@ def llama(gguf, texts, domains, seq_len, max_tokens, candidates, dense, n_batch,
         trace_llama(gguf, texts, out, domains=domains, seq_len=seq_len, max_tokens=max_tokens,
                     candidates=candidates, dense=dense, n_batch=n_batch, n_threads=threads, kv_type=kv_type,
                     flash_attn={"auto": None, "on": True, "off": False}[flash_attn], model_id=model_id,
-                    progress=tick)
+                    generate=generate, progress=tick)
     _done(out)

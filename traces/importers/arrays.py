@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
+from moesim.files import check_output, regular_file
 from moesim.traces.importers.common import (
     ImportResult,
     id_span_note,
@@ -42,6 +43,7 @@ def import_array(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
     sequence ids). ``layers`` gives the original indices of the L layers ('0-23',
     '1,3,5'; default 0..L-1)."""
     path = Path(file)
+    check_output(out, [path])
     if phase not in PHASES:
         raise MoesimError(f"unknown phase {phase!r} (expected prefill or decode)")
     arrays = load_arrays(path)
@@ -92,15 +94,13 @@ def import_array(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
     flat = ids.astype(np.int64).reshape(T * L, k)
     return write_topk_trace(out, meta, seq=np.repeat(seq, L), pos=np.repeat(pos, L),
                             layer=np.tile(np.asarray(moe_layers), T), phase=phase, ids=flat, weights=weights,
-                            where=str(path), row_group_size=row_group_size, notes=id_span_note(flat, int(E)))
+                            where=str(path), row_group_size=row_group_size, notes=id_span_note(flat, int(E)),
+                            inputs=[path])
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
     """{'ids': ..., 'weights': ..., 'seq': ...} from a .npy or .npz, without unpickling."""
-    if not path.exists():
-        raise MoesimError(f"{path}: no such file")
-    if path.is_dir():
-        raise MoesimError(f"{path}: is a directory, expected a .npy or .npz file")
+    regular_file(path, ".npy or .npz file")
     try:
         with open(path, "rb") as f:
             magic = f.read(6)

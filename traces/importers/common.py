@@ -11,6 +11,7 @@ import numpy as np
 
 from moesim import __version__
 from moesim.errors import MoesimError
+from moesim.files import read_bytes
 from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.reader import slot_index
 from moesim.traces.writer import DEFAULT_ROW_GROUP, TraceWriter
@@ -65,7 +66,8 @@ def check_topk_ids(ids: np.ndarray, E: int, where: str) -> None:
 
 def write_topk_trace(out: str | os.PathLike, meta: TraceMeta, *, seq, pos, layer, phase, ids, weights=None,
                      logits=None, lse=None, domain=None, domains=None, token=None, where: str,
-                     row_group_size: int = DEFAULT_ROW_GROUP, notes: list[str] | None = None) -> ImportResult:
+                     row_group_size: int = DEFAULT_ROW_GROUP, notes: list[str] | None = None,
+                     inputs=()) -> ImportResult:
     """Write rows that carry the k selected experts of each (seq, pos, layer).
 
     Scores: ``logits`` (the router logits of those k experts, with ``lse`` the
@@ -75,6 +77,7 @@ def write_topk_trace(out: str | os.PathLike, meta: TraceMeta, *, seq, pos, layer
     the trace's ``tie_order`` is ``stored`` so that the source's order still says
     which expert was the first choice. The selected experts are always stored,
     and the weights when given, so replay uses what the source recorded.
+    ``inputs``: the files imported, which ``out`` must not be.
     """
     seq = np.asarray(seq, dtype=np.int64)
     pos = np.asarray(pos, dtype=np.int64)
@@ -113,7 +116,7 @@ def write_topk_trace(out: str | os.PathLike, meta: TraceMeta, *, seq, pos, layer
     order = np.lexsort((layer, pos, seq))
     phase_arr = np.broadcast_to(np.asarray(phase, dtype=object), (n,))
     writer = TraceWriter(out, meta, selected=True, weights=weights is not None, domains=domains,
-                         token=token is not None, row_group_size=row_group_size)
+                         token=token is not None, row_group_size=row_group_size, inputs=inputs)
     with writer:
         for start in range(0, n, row_group_size):
             o = order[start:start + row_group_size]
@@ -131,18 +134,13 @@ def write_topk_trace(out: str | os.PathLike, meta: TraceMeta, *, seq, pos, layer
 def load_json(path: Path):
     """The document of one JSON file. Malformed, unreadable or absurdly nested input
     (Python's parser recurses once per level) is a MoesimError, never a traceback."""
-    if not path.exists():
-        raise MoesimError(f"{path}: no such file")
-    if path.is_dir():
-        raise MoesimError(f"{path}: is a directory, expected a JSON file")
+    data = read_bytes(path, "JSON file")
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(data)
     except RecursionError:
         raise MoesimError(f"{path}: JSON nested too deeply (routing records are a few levels deep)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise MoesimError(f"{path}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
-    except OSError as exc:
-        raise MoesimError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
 def preset_for(model_id: str | None):

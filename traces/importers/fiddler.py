@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
+from moesim.files import check_output
 from moesim.traces.importers.common import ImportResult, id_span_note, load_json, tracer_info, write_topk_trace
 from moesim.traces.meta import TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP
@@ -45,6 +46,7 @@ def import_fiddler(files, out: str | os.PathLike, *, n_experts: int = 60, top_k:
     files = [Path(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
     if not files:
         raise MoesimError("no Fiddler JSON file given")
+    check_output(out, files)
     rows: dict[str, list[np.ndarray]] = {"seq": [], "pos": [], "layer": [], "phase": [], "ids": []}
     layer_sets: tuple[list[int], Path] | None = None
     layouts = set()
@@ -79,7 +81,7 @@ def import_fiddler(files, out: str | os.PathLike, *, n_experts: int = 60, top_k:
     cat = {k: np.concatenate(v) for k, v in rows.items()}
     return write_topk_trace(out, meta, seq=cat["seq"], pos=cat["pos"], layer=cat["layer"], phase=cat["phase"],
                             ids=cat["ids"], where=", ".join(map(str, files)), row_group_size=row_group_size,
-                            notes=id_span_note(cat["ids"], n_experts))
+                            notes=id_span_note(cat["ids"], n_experts), inputs=files)
 
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
+from moesim.files import check_output, regular_file
 from moesim.traces.importers.common import ImportResult, tracer_info, write_topk_trace
 from moesim.traces.meta import TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP
@@ -86,6 +87,7 @@ def import_flame(path: str | os.PathLike, out: str | os.PathLike, *, layout: str
     defaults to the number of nonzero experts per row, which must be the same in
     every row.
     """
+    check_output(out, [path])
     layouts = find_layouts(path)
     if layout is None:
         if len(layouts) > 1:
@@ -152,7 +154,7 @@ def import_flame(path: str | os.PathLike, out: str | os.PathLike, *, layout: str
     probs = np.concatenate([p.probs for p in parts])
     return write_topk_trace(out, meta, seq=seq, pos=pos, layer=layer, phase=layout, ids=ids, weights=probs,
                             logits=np.log(probs), lse=0.0, where=str(path), row_group_size=row_group_size,
-                            notes=notes)
+                            notes=notes, inputs=[path])
 
 
 def _layer_dirs(folder: Path) -> list[tuple[int, Path]]:
@@ -167,7 +169,7 @@ def _layer_dirs(folder: Path) -> list[tuple[int, Path]]:
 
 
 def _one_csv(layer_dir: Path) -> Path:
-    files = sorted(p for p in layer_dir.iterdir() if p.suffix == ".csv" and p.is_file())
+    files = sorted(p for p in layer_dir.iterdir() if p.suffix == ".csv")
     if len(files) != 1:
         raise MoesimError(f"{layer_dir}: expected exactly one .csv file, found {len(files)}")
     return files[0]
@@ -252,6 +254,7 @@ def read_csv(file: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
+    regular_file(file, "CSV file")
     with open(file, "rb") as f:
         header = f.readline().decode("utf-8", "replace").strip().split(",")
     if len(header) < 3 or header[:2] != ["layer_id", "token_id"]:

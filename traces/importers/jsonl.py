@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from moesim.errors import MoesimError
+from moesim.files import check_output, regular_file
 from moesim.traces.importers.common import (
     ImportResult,
     complete_tokens,
@@ -116,6 +117,7 @@ def import_jsonl(files, out: str | os.PathLike, *, n_experts: int | None = None,
     files = [Path(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
     if not files:
         raise MoesimError("no JSON Lines file given")
+    check_output(out, files)
     mapping = parse_map(mapping) if isinstance(mapping, str) or mapping is None else dict(mapping)
     if skip_passes < 0:
         raise MoesimError(f"--skip-passes must be >= 0, got {skip_passes}")
@@ -240,7 +242,7 @@ def import_jsonl(files, out: str | os.PathLike, *, n_experts: int | None = None,
     return write_topk_trace(out, meta, seq=seq, pos=pos, layer=layer, phase=phases if phases is not None else phase,
                             ids=ids, weights=weights, domain=None if domains is None else domain_arr,
                             domains=domains, where=where, row_group_size=row_group_size,
-                            notes=notes + id_span_note(ids, int(E)))
+                            notes=notes + id_span_note(ids, int(E)), inputs=files)
 
 
 # ---- reading --------------------------------------------------------------------------------------------------
@@ -248,10 +250,7 @@ def import_jsonl(files, out: str | os.PathLike, *, n_experts: int | None = None,
 def _peek(path: Path, mapping: dict[str, str]) -> tuple[_Kind, dict, int]:
     """Read the first lines with Python's parser: the field names and value shapes of the
     first routing record, and what the meta lines before it say."""
-    if not path.exists():
-        raise MoesimError(f"{path}: no such file")
-    if path.is_dir():
-        raise MoesimError(f"{path}: is a directory, expected a JSON Lines file")
+    regular_file(path, "JSON Lines file")
     meta: dict[str, object] = {}
     n_meta = 0
     first = None

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
+from moesim.files import check_output, regular_file
 from moesim.traces.importers.common import ImportResult, tracer_info
 from moesim.traces.meta import GATINGS, TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP, TraceWriter
@@ -49,6 +50,7 @@ def import_moe_infinity(file: str | os.PathLike, out: str | os.PathLike, *, top_
     Requests keep their index in the matrix as ``seq``; all-zero requests (unused
     trace capacity) are skipped."""
     path = Path(file)
+    check_output(out, [path])
     counts = load_counts(path)
     R, L, E = counts.shape
     if n_experts is not None and n_experts != E:
@@ -81,7 +83,7 @@ def import_moe_infinity(file: str | os.PathLike, out: str | os.PathLike, *, top_
                 "requests_in_file": R},
     )
     reqs = np.flatnonzero(used)
-    with TraceWriter(out, meta, phase=False, row_group_size=row_group_size) as w:
+    with TraceWriter(out, meta, phase=False, row_group_size=row_group_size, inputs=[path]) as w:
         step = max(1, row_group_size // L)
         for start in range(0, len(reqs), step):
             rr = reqs[start:start + step]
@@ -92,10 +94,7 @@ def import_moe_infinity(file: str | os.PathLike, out: str | os.PathLike, *, top_
 
 def load_counts(path: Path) -> np.ndarray:
     """The [requests, layers, experts] matrix as int64, checked."""
-    if not path.exists():
-        raise MoesimError(f"{path}: no such file")
-    if path.is_dir():
-        raise MoesimError(f"{path}: is a directory, expected a .npy file")
+    regular_file(path, ".npy file")
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic[:2] == b"PK":

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
+from moesim.files import check_output
 from moesim.traces.importers.common import (
     ImportResult,
     id_span_note,
@@ -36,6 +37,7 @@ def import_prompts(file: str | os.PathLike, out: str | os.PathLike, *, n_experts
                    top_k: int | None = None, model_id: str | None = None, layers: str | None = None,
                    row_group_size: int = DEFAULT_ROW_GROUP) -> ImportResult:
     path = Path(file)
+    check_output(out, [path])
     doc = load_json(path)
     if not isinstance(doc, dict):
         raise MoesimError(f"{path}: expected a JSON object with a 'prompts' object, got {type(doc).__name__}")
@@ -96,7 +98,7 @@ def import_prompts(file: str | os.PathLike, out: str | os.PathLike, *, n_experts
     return write_topk_trace(out, meta, seq=np.repeat(seq, L), pos=np.repeat(pos, L),
                             layer=np.tile(np.asarray(moe_layers), T), phase=np.repeat(np.concatenate(phases), L),
                             ids=flat, domain=dom, domains=sorted(set(dom.tolist())), where=str(path),
-                            row_group_size=row_group_size, notes=id_span_note(flat, int(E)))
+                            row_group_size=row_group_size, notes=id_span_note(flat, int(E)), inputs=[path])
 
 
 def _count(doc: dict, key: str, path: Path) -> int | None:

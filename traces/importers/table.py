@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from moesim.errors import MoesimError
+from moesim.files import check_output, regular_file
 from moesim.traces.importers.common import ImportResult, tracer_info, write_topk_trace
 from moesim.traces.meta import GATINGS, PHASES, TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP
@@ -57,6 +58,7 @@ def import_table(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
     (and the weights/logits when the table has them). Geometry comes from
     ``preset`` (a moesim model preset) and/or the explicit arguments, which win."""
     path = Path(file)
+    check_output(out, [path])
     table = _read(path)
     cols = _resolve(table.column_names, path)
     where = str(path)
@@ -124,16 +126,13 @@ def import_table(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
     return write_topk_trace(out, meta, seq=steps["seq"], pos=steps["pos"], layer=steps["layer"], phase=phases,
                             ids=ids, weights=steps.get("weights"), logits=steps.get("logits"),
                             lse=steps.get("lse"), domain=domain, domains=domains, token=steps.get("token"),
-                            where=where, row_group_size=row_group_size)
+                            where=where, row_group_size=row_group_size, inputs=[path])
 
 
 def _read(path: Path):
     import pyarrow as pa
 
-    if not path.exists():
-        raise MoesimError(f"{path}: no such file")
-    if path.is_dir():
-        raise MoesimError(f"{path}: is a directory, expected a CSV or Parquet file")
+    regular_file(path, "CSV or Parquet file")
     suffix = path.suffix.lower()
     try:
         if suffix in (".parquet", ".pq"):

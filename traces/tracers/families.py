@@ -24,6 +24,7 @@ class Family:
     default_norm: bool | None = None   # None: read config.norm_topk_prob; else fixed by the architecture
     shared_key: str | None = None      # config key of the shared expert count / size
     quants: tuple[str, ...] = ("bf16", "q8_0", "q4_k_m")
+    deepseek_like: bool = False        # first_k_dense_replace, routed_scaling_factor, n_group/topk_group
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -37,7 +38,20 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            default_norm=True),
     Family("olmoe", "OLMoE", "mlp.gate", "softmax", "num_experts", "intermediate_size"),
     Family("deepseek_v3", "DeepSeek-V3", "mlp.gate", "sigmoid", "n_routed_experts", "moe_intermediate_size",
-           shared_key="n_shared_experts"),
+           shared_key="n_shared_experts", deepseek_like=True),
+    # transformers' DeepSeek-V2 router never renormalizes (norm_topk_prob is not read)
+    Family("deepseek_v2", "DeepSeek-V2", "mlp.gate", "softmax", "n_routed_experts", "moe_intermediate_size",
+           default_norm=False, shared_key="n_shared_experts", deepseek_like=True),
+    Family("glm4_moe", "GLM-4.5 (GLM4-MoE)", "mlp.gate", "sigmoid", "n_routed_experts", "moe_intermediate_size",
+           shared_key="n_shared_experts", deepseek_like=True),
+    Family("dots1", "dots.llm1", "mlp.gate", "sigmoid", "n_routed_experts", "moe_intermediate_size",
+           shared_key="n_shared_experts", deepseek_like=True),
+    # top-k of the logits, softmax over the k (like Mixtral); router at block_sparse_moe.router
+    Family("granitemoe", "Granite-MoE", "block_sparse_moe.router", "softmax_topk", "num_local_experts",
+           "intermediate_size", default_norm=True),
+    # sigmoid, selection on sigmoid + e_score_correction_bias (a buffer of the MoE block), always renormalized
+    Family("minimax_m2", "MiniMax-M2", "mlp.gate", "sigmoid", "num_local_experts", "intermediate_size",
+           default_norm=True),
     Family("gpt_oss", "gpt-oss", "mlp.router", "softmax_topk", "num_local_experts", "intermediate_size",
            default_norm=True, quants=("bf16", "mxfp4", "q8_0")),
 )}
@@ -61,7 +75,7 @@ def _get(config, key, default=None):
 def moe_layer_indices(config, fam: Family) -> tuple[list[int], list[int]]:
     """(MoE layer indices, dense layer indices) as the architecture builds them from the config."""
     n = int(_get(config, "num_hidden_layers"))
-    if fam.name == "deepseek_v3":
+    if fam.deepseek_like:
         first = int(_get(config, "first_k_dense_replace", 0) or 0)
         moe = [i for i in range(n) if i >= first]
     elif fam.name in ("qwen3_moe", "qwen3_next", "qwen2_moe"):
@@ -104,7 +118,7 @@ def gating_meta(config, fam: Family) -> dict:
         "top_k": int(_get(config, "num_experts_per_tok")),
         "n_shared_experts": n_shared_experts(config, fam),
     }
-    if fam.name == "deepseek_v3":
+    if fam.deepseek_like:
         out["routed_scaling_factor"] = float(_get(config, "routed_scaling_factor", 1.0) or 1.0)
         out["n_group"] = int(_get(config, "n_group", 1) or 1)
         out["topk_group"] = int(_get(config, "topk_group", 1) or 1)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from moesim.errors import MoesimError
+from moesim.files import check_output
 from moesim.traces.tracers import families
 from moesim.traces.tracers.texts import TokenSequence, source_meta, split_sequences
 
@@ -98,6 +99,7 @@ def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.P
     (both already built from ``model_dir``). ``progress(done, total)`` is called after
     each sequence with the tokens done so far and the total to do."""
     config = check_model_dir(model_dir)
+    check_output(out, [model_dir, *texts])
     torch, _ = import_transformers()
     from moesim.traces.tracers.torch_hooks import record_router
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+from moesim import files
 from moesim.errors import MoesimError
 
 
@@ -30,13 +30,7 @@ def domain_labels(texts: Sequence[str], domains: Sequence[str] | None) -> list[s
 
 
 def read_text(path: str) -> str:
-    p = Path(path)
-    if not p.is_file():
-        raise MoesimError(f"{path}: no such text file")
-    try:
-        return p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise MoesimError(f"{path}: not a UTF-8 text file") from None
+    return files.read_text(path, "text file")
 
 
 def split_sequences(texts: Sequence[str], domains: Sequence[str] | None, tokenize: Callable[[str], list[int]],

@@ -105,8 +105,13 @@ def model_meta(model, routers: dict[int, Any]) -> tuple[dict, dict[int, np.ndarr
     if sorted(routers) != moe_cfg:
         fields.setdefault("source", {})["config_moe_layers"] = moe_cfg
     bias = {}
+    names = {id(m): n for n, m in model.named_modules()}
+    parents = dict(model.named_modules())
     for layer, mod in routers.items():
         b = getattr(mod, "e_score_correction_bias", None)
+        if b is None:   # MiniMax-M2 keeps it on the MoE block and passes it to the router
+            parent = parents.get(names.get(id(mod), "").rpartition(".")[0])
+            b = getattr(parent, "e_score_correction_bias", None)
         if b is not None:
             bias[layer] = b.detach().float().cpu().numpy().astype(np.float64)
     return fields, bias

@@ -1,0 +1,151 @@
+"""Static placements an engine can run: which experts (or whole layers) stay on the GPU, written as
+llama.cpp flags, a per-layer pin list, or JSON, with the hit rate and time per token the replay
+expects of that placement.
+
+Stock llama.cpp places experts per layer: a layer's experts are one stacked tensor per projection
+(``blk.N.ffn_{gate,up,down}_exps``, or a fused ``ffn_gate_up_exps``), and ``--n-cpu-moe N`` keeps the
+tensors of blocks 0..N-1 in host memory, exactly as ``-ot`` with llama.cpp's own per-block pattern
+(``llm_ffn_exps_block_regex`` in its common/common.h) does. A per-expert placement (``static``) is
+for engines with an expert cache that read pin lists."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from moesim.errors import MoesimError
+from moesim.files import write_text
+from moesim.jsonable import plain
+from moesim.policies import registry
+from moesim.simulator import SimConfig
+from moesim.sweeps.inputs import load_traces
+from moesim.sweeps.single import simulate_one
+
+POLICIES = ("static", "static-layers")
+FORMATS = ("llama.cpp", "pins", "json")
+# llama.cpp common/common.h: LLM_FFN_EXPS_REGEX, and llm_ffn_exps_block_regex(i) = "blk\\.<i>" + it
+LLAMA_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+def block_pattern(blocks: list[int]) -> str:
+    """One -ot tensor-name pattern matching the expert tensors of these transformer blocks."""
+    alt = "|".join(str(b) for b in sorted(blocks))
+    return rf"blk\.({alt}){LLAMA_EXPS_REGEX}" if len(blocks) > 1 else rf"blk\.{alt}{LLAMA_EXPS_REGEX}"
+
+
+def on_cpu(tensor_name: str, pattern: str) -> bool:
+    """Does llama.cpp's override (std::regex_search, ECMAScript) send this tensor to the CPU?"""
+    return re.search(pattern, tensor_name) is not None
+
+
+@dataclass
+class Placement:
+    trace: str
+    model_id: str
+    synthetic: bool
+    policy: str
+    slots_per_layer: int
+    budget: float | None
+    layers: list[int]                   # original indices of the MoE layers
+    gpu_experts: dict[int, list[int]]   # original layer index -> experts kept on the GPU
+    cpu_blocks: list[int] = field(default_factory=list)  # whole-layer placements: blocks whose experts stay on CPU
+    expected: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_cpu_moe(self) -> int | None:
+        """llama.cpp --n-cpu-moe N: blocks 0..N-1 keep their experts in host memory. Only a placement
+        whose CPU layers are a prefix of the blocks can say it this way."""
+        if not self.cpu_blocks:
+            return 0
+        n = max(self.cpu_blocks) + 1
+        gpu = set(self.layers) - set(self.cpu_blocks)
+        return n if all(b >= n for b in gpu) else None
+
+    def llama_cpp(self) -> str:
+        if self.policy != "static-layers":
+            raise MoesimError("stock llama.cpp places whole layers (a layer's experts are one tensor): export "
+                              "--policy static-layers for llama.cpp flags, or --format pins|json for a per-expert "
+                              "placement")
+        lines = [f"# moesim export: {self.policy} placement of {self.trace} ({self.model_id}"
+                 f"{', SYNTHETIC trace' if self.synthetic else ''}), {self.slots_per_layer} slots per layer",
+                 f"# GPU keeps the experts of {len(self.layers) - len(self.cpu_blocks)} of {len(self.layers)} MoE "
+                 f"layers; {_expected_line(self.expected)}",
+                 "# pass ONE of the two lines below to llama-cli / llama-server (with -ngl 99):"]
+        if self.n_cpu_moe is not None:
+            lines.append(f"--n-cpu-moe {self.n_cpu_moe}")
+        if self.cpu_blocks:
+            lines.append(f'-ot "{block_pattern(self.cpu_blocks)}=CPU"')
+        else:
+            lines.append("# (every MoE layer fits on the GPU: no override needed)")
+        return "\n".join(lines) + "\n"
+
+    def pins_csv(self) -> str:
+        rows = ["layer,expert"] + [f"{layer},{e}" for layer in self.layers for e in self.gpu_experts[layer]]
+        return "\n".join(rows) + "\n"
+
+    def document(self) -> dict:
+        doc = {"trace": self.trace, "model_id": self.model_id, "synthetic": self.synthetic, "policy": self.policy,
+               "budget": self.budget, "slots_per_layer": self.slots_per_layer,
+               "gpu_experts": {str(k): v for k, v in self.gpu_experts.items()}, "expected": self.expected}
+        if self.policy == "static-layers":
+            doc["llama.cpp"] = {"n_cpu_moe": self.n_cpu_moe, "cpu_blocks": self.cpu_blocks,
+                                "override_tensor": f"{block_pattern(self.cpu_blocks)}=CPU" if self.cpu_blocks else None}
+        return plain(doc)
+
+    def render(self, fmt: str) -> str:
+        if fmt == "llama.cpp":
+            return self.llama_cpp()
+        if fmt == "pins":
+            return self.pins_csv()
+        return json.dumps(self.document(), indent=2) + "\n"
+
+
+def _expected_line(e: dict) -> str:
+    if not e:
+        return "no replay"
+    s = f"expected hit rate {100 * e['hit_rate']:.1f}% (replay, misses computed on the CPU)"
+    if e.get("ms_per_token") is not None:
+        s += f", {e['ms_per_token']:.2f} ms/token priced as {e['priced_as']}"
+    return s
+
+
+def placement(trace, *, budget: float | None = None, slots: int | None = None, policy: str = "static-layers",
+              allocation: str = "per-layer", hw: str | None = None, model: str | None = None,
+              quant: str | None = None, engine: str | None = None) -> Placement:
+    """The placement a static policy keeps on the GPU for ``trace`` (a path or a Routing) and what the
+    replay expects of it (misses computed on the CPU, as a static llama.cpp placement runs them)."""
+    name = registry.parse_eviction(policy)[0]
+    if name not in POLICIES:
+        raise MoesimError(f"export needs a static placement policy ({' or '.join(POLICIES)}), got {policy!r}")
+    config = SimConfig(eviction=policy, miss="cpu", budget=budget, slots=slots, allocation=allocation)
+    entry = load_traces([trace])[0]
+    routing = entry.routing
+    E = routing.n_experts
+    slots_n = config.slots_per_layer(E)
+    param = config.eviction_param
+    counts = routing.request_counts() if param is None else routing.request_counts(int(param))
+    pinned = registry.get(name).module.pinned(counts, slots_n, allocation)
+    layers = [int(x) for x in routing.meta.moe_layers]
+    gpu: dict[int, list[int]] = {layer: [] for layer in layers}
+    for o in sorted(int(x) for x in pinned):
+        gpu[layers[o // E]].append(o % E)
+    cpu_blocks = [layer for layer in layers if not gpu[layer]] if name == "static-layers" else []
+    if engine is None and name == "static-layers":
+        engine = "llama.cpp"
+    one = simulate_one(routing, config, hw=hw, model=model, quant=quant, engine=engine)
+    row = one.row.row(0, named=True)
+    expected = {"hit_rate": row["hit_rate"], "ms_per_token": row["ms_per_token"], "tok_per_s": row["tok_per_s"],
+                "priced_as": one.priced_as, "replayed_as": config.label()}
+    return Placement(trace=entry.name, model_id=routing.meta.model_id, synthetic=routing.synthetic, policy=policy,
+                     slots_per_layer=slots_n, budget=budget, layers=layers, gpu_experts=gpu, cpu_blocks=cpu_blocks,
+                     expected=expected)
+
+
+def write_placement(p: Placement, fmt: str, out: str | os.PathLike, inputs=()) -> None:
+    """``inputs``: the files the placement was made from, which ``out`` must not replace."""
+    if fmt not in FORMATS:
+        raise MoesimError(f"unknown export format {fmt!r} (use {', '.join(FORMATS)})")
+    write_text(p.render(fmt), out, inputs=inputs)
