@@ -25,7 +25,7 @@ def encode(ids, layer, where, n_layers):
     E = where.shape[1]
     W = (E + 63) // 64
     out = np.empty((n, m), np.int32)
-    parts = 4  # layer classes coded in parallel; each scans the rows in file order, skipping others
+    parts = 2  # layer classes coded in parallel (one per core here); each scans the rows in file order
     bad = np.full(parts, n, np.int64)
     for part in prange(parts):
         bits = np.zeros(W + 1, np.uint64)
