@@ -43,8 +43,6 @@ def compact_trace(src: str | os.PathLike | TraceFile, dst: str | os.PathLike, *,
     if meta.layout not in ("dense", "sparse"):
         raise MoesimError(f"{tf.path}: only dense and sparse traces convert to the ranked layout "
                           f"(this one is {meta.layout})")
-    if Path(dst).resolve() == tf.path.resolve():
-        raise MoesimError(f"{dst}: the output would overwrite the input trace")
     keys = tf.read_keys()
     idx = tf.index_keys(keys)
     L = meta.n_layers
@@ -67,7 +65,7 @@ def compact_trace(src: str | os.PathLike | TraceFile, dst: str | os.PathLike, *,
     out_meta = meta.replace(layout="ranked", logit_scale=scale, schema_version=2)
     writer = TraceWriter(dst, out_meta, domains=keys.domain_names if keys.domain is not None else None,
                          token=keys.token is not None, selected=explicit_sel, weights=has_w,
-                         row_group_size=row_group_size, compression_level=compression_level)
+                         row_group_size=row_group_size, compression_level=compression_level, inputs=(tf.path,))
     phases = np.array(["prefill", "decode", "decode"])  # codes 0, 1; -1 (counts only) never here
     with writer:
         for rows, g in _gate_inputs(tf, layer_ord):
