@@ -166,24 +166,31 @@ class TraceFile:
     def iter_batches(self, columns: list[str], batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
         """Stream the given columns in file order, ``batch_rows`` (default ``self.batch_rows``)
         rows at a time; a huge row group written by another tool is not loaded whole."""
-        for _, batch in self.iter_group_batches(columns, batch_rows):
+        for _, _, batch in self.iter_group_batches(columns, batch_rows):
             yield batch
 
+    @cached_property
+    def row_group_offsets(self) -> np.ndarray:
+        """File row index of each row group's first row, and the row count at the end."""
+        md = self._pf.metadata
+        return np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)])
+
     def iter_group_batches(self, columns: list[str], batch_rows: int | None = None,
-                           row_groups: list[int] | None = None) -> Iterator[tuple[bool, pa.RecordBatch]]:
-        """Like iter_batches (optionally only the given row groups), yielding (first batch of its row
-        group?, batch): the ranked layout's move-to-front state restarts at every row group."""
+                           row_groups: list[int] | None = None) -> Iterator[tuple[int, bool, pa.RecordBatch]]:
+        """Like iter_batches, optionally only the given row groups, yielding (file row index of the
+        batch's first row, first batch of its row group?, batch). A row group decodes on its own in
+        every layout (the ranked layout's move-to-front state restarts at each)."""
         # One row group at a time: iter_batches over the whole file reads ahead across groups.
         for i in range(self._pf.num_row_groups) if row_groups is None else row_groups:
             want, got = self._pf.metadata.row_group(i).num_rows, 0
             try:
                 for batch in self._pf.iter_batches(batch_size=batch_rows or self.batch_rows, columns=columns,
                                                    row_groups=[i]):
-                    first = got == 0
+                    start, first = int(self.row_group_offsets[i]) + got, got == 0
                     got += batch.num_rows
                     if got > want:
                         break
-                    yield first, batch
+                    yield start, first, batch
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise MoesimError(f"{self.path}: unreadable row data, the file is damaged or truncated "
                                   f"({_short(exc)})") from None

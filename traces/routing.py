@@ -153,15 +153,16 @@ def decode(tf: TraceFile, *, candidates: int | None = None) -> Routing:
     )
 
 
-def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
-    """Decode the score columns a row group at a time. Yields (row slice, candidates
-    ranked by selection score [n, M], selected [n, k] in rank order, their normalized
-    weights [n, k]). Only one batch of scores is in memory at a time."""
+def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
+    """Decode the score columns a row group at a time (all, or only ``row_groups``). Yields (row
+    slice of the file, candidates ranked by selection score [n, M], selected [n, k] in rank order,
+    their normalized weights [n, k]). Only one batch of scores is in memory at a time, in every
+    layout; ``layer_ord`` holds every file row's layer ordinal."""
     if tf.meta.layout == "ranked":
-        yield from _ranked_batches(tf, layer_ord)
+        yield from _ranked_batches(tf, layer_ord, row_groups)
         return
     stored = tf.meta.tie_order == "stored"
-    for rows, g in _gate_inputs(tf, layer_ord):
+    for rows, g in _gate_inputs(tf, layer_ord, row_groups):
         s_ord, w_ord = gating.order_selected(g.sel, g.weights(tf.meta.gating), keep_stored=stored)
         yield rows, g.ranked, s_ord, w_ord
 
@@ -186,7 +187,7 @@ class GateInputs:
         return gating.gate_weights(self.sel_logits, gating_name)
 
 
-def _gate_inputs(tf: TraceFile, layer_ord: np.ndarray):
+def _gate_inputs(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
     """(row slice, GateInputs) per batch of a dense or sparse trace, checked."""
     meta = tf.meta
     k, E = meta.top_k, meta.n_experts
@@ -195,8 +196,7 @@ def _gate_inputs(tf: TraceFile, layer_ord: np.ndarray):
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
     stored = meta.tie_order == "stored"
     cols = (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
-    start = 0
-    for batch in tf.iter_batches(cols):
+    for start, _, batch in tf.iter_group_batches(cols, row_groups=row_groups):
         n = batch.num_rows
         rows = slice(start, start + n)
         ids, vals = _scores(batch, meta, tf.path)
@@ -228,7 +228,6 @@ def _gate_inputs(tf: TraceFile, layer_ord: np.ndarray):
                 sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
                 first_k = True
         yield rows, GateInputs(ranked_ids, s, raw_w, sel_logits, first_k)
-        start += n
 
 
 def _weights(batch: pa.RecordBatch, k: int, path: Path) -> np.ndarray:
@@ -241,7 +240,7 @@ def _weights(batch: pa.RecordBatch, k: int, path: Path) -> np.ndarray:
     return ww
 
 
-def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray):
+def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
     """_decoded_batches of the ranked layout: move-to-front decode of the candidates (state restarted
     at every row group), the selection and its gate weights from the stored gate column."""
     from moesim.traces import ranked as rk
@@ -258,8 +257,7 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray):
     mtf = rk.codec()
     lists = None
     lay = np.ascontiguousarray(layer_ord, dtype=np.int32)
-    start = 0
-    for first, batch in tf.iter_group_batches(cols):
+    for start, first, batch in tf.iter_group_batches(cols, row_groups=row_groups):
         n = batch.num_rows
         rows = slice(start, start + n)
         if first or lists is None:
@@ -296,7 +294,6 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray):
             ww = gating.gate_weights(gl, meta.gating)
         s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
         yield rows, ranked, s_ord, w_ord
-        start += n
 
 
 def validate_trace(path: str | os.PathLike | TraceFile) -> dict:
