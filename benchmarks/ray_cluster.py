@@ -42,7 +42,11 @@ def main() -> None:
     ap.add_argument("trace", nargs="?")
     ap.add_argument("--nodes", type=int, default=2)
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="moesim-ray-bench"))
+    with tempfile.TemporaryDirectory(prefix="moesim-ray-bench") as d:
+        measure(args, Path(d))
+
+
+def measure(args, tmp: Path) -> None:
     trace = args.trace
     if trace is None:
         from moesim.traces.synthetic import synthesize

@@ -31,7 +31,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=20000)
     ap.add_argument("--old-tokens", type=int, default=2000)
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="moesim-synth"))
+    with tempfile.TemporaryDirectory(prefix="moesim-synth") as d:
+        measure(args, Path(d))
+
+
+def measure(args, tmp: Path) -> None:
     synthesize(args.preset, 50, path=tmp / "warm.parquet")  # compile (or load) the kernels first
     print(f"{args.preset}, {os.cpu_count()} cores")
     rows = []

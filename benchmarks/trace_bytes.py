@@ -66,7 +66,11 @@ def main() -> None:
     ap.add_argument("--depth", action="store_true", help="also measure substitution depth")
     args = ap.parse_args()
     os.environ.setdefault("MOESIM_DECODE_CACHE", "0")
-    tmp = Path(tempfile.mkdtemp(prefix="moesim-bytes"))
+    with tempfile.TemporaryDirectory(prefix="moesim-bytes") as d:
+        measure(args, Path(d))
+
+
+def measure(args, tmp: Path) -> None:
     T = args.tokens
     files, routings = {}, {}
     for layout in ("sparse", "ranked"):
