@@ -75,8 +75,9 @@ def main():
     n = len(stream)
     tmp = Path(tempfile.mkdtemp()) / "stream.oracle"
     oracle_trace(tmp, stream)
-    classes = {"lru": lcs.LRU, "lfu": lcs.LFU, "fifo": lcs.FIFO, "belady": lcs.Belady, "arc": lcs.ARC,
-               "s3fifo": lcs.S3FIFO, "sieve": lcs.Sieve, "clock": lcs.Clock}
+    from moesim.policies import registry
+
+    classes = {name: getattr(lcs, cls) for name, cls in registry.libcachesim_twins().items()}
     print(f"stream: {n:,} requests, {args.experts} experts, top-{args.k}, capacity {args.capacity}, "
           f"best of {args.repeat}")
     print(f"{'policy':8} {'libCacheSim Mreq/s':>19} {'moesim Mreq/s':>14} {'ratio':>6}  misses (equal?)")

@@ -7,6 +7,7 @@ from numba import njit
 from moesim.policies import heap
 
 NAME = "belady"
+LIBCACHESIM = "Belady"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
 DOC = "evict the expert the router requests farthest in the future (offline bound)"
 IN_DEFAULT_GRID = True
 USES_NEXT_REQUEST = True  # the kernel keeps each expert's next request tick up to date

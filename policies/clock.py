@@ -15,6 +15,7 @@ from numba import njit
 from moesim.policies.structures import CAP, CNT, RES, SIZE, TAIL, list_push_front, list_unlink
 
 NAME = "clock"
+LIBCACHESIM = "Clock"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
 DOC = ("second chance (libCacheSim Clock): a use sets the expert's reference bit; eviction requeues and "
        "clears referenced experts from the oldest on and takes the first unreferenced")
 # prm slots, libCacheSim's defaults

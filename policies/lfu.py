@@ -9,6 +9,7 @@ from numba import njit
 from moesim.policies import heap
 
 NAME = "lfu"
+LIBCACHESIM = "LFU"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
 DOC = "least frequently used while cached (libCacheSim LFU; ties to LRU)"
 IN_DEFAULT_GRID = True
 

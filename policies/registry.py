@@ -18,7 +18,9 @@ Optional module attributes: ``DOC`` (one line for tables and help), ``PARAM`` (a
 policy takes ``name:value``, passed to the kernel in slot 0 of its parameter vector), ``PARAMS``
 (fixed named parameters with their defaults, in the following slots), ``USES_SCORE`` (the kernel
 keeps a decayed router-request score per expert; half-life = slot 0), ``USES_NEXT_REQUEST`` (the
-kernel keeps each expert's next request), ``IN_DEFAULT_GRID`` (the sweep's default eviction axis).
+kernel keeps each expert's next request), ``IN_DEFAULT_GRID`` (the sweep's default eviction axis),
+``LIBCACHESIM`` (the libCacheSim 0.3.5 class with the same semantics under fetch-all: the tests then
+check the kernel against it, per layer and with a global pool, on random and real routing).
 
 Codes are positions in name order; they exist only inside one process's kernel calls (results are
 keyed by names).
@@ -55,6 +57,7 @@ class Eviction:
     uses_score: bool
     uses_next_request: bool
     in_default_grid: bool
+    libcachesim: str | None = None  # the libCacheSim class with the same semantics under fetch-all (test oracle)
 
     @property
     def pinned(self) -> bool:
@@ -91,7 +94,8 @@ def _discover() -> tuple[Eviction, ...]:
                             param=getattr(m, "PARAM", None), fixed=tuple(getattr(m, "PARAMS", ())),
                             uses_score=bool(getattr(m, "USES_SCORE", False)),
                             uses_next_request=bool(getattr(m, "USES_NEXT_REQUEST", False)),
-                            in_default_grid=bool(getattr(m, "IN_DEFAULT_GRID", False))))
+                            in_default_grid=bool(getattr(m, "IN_DEFAULT_GRID", False)),
+                            libcachesim=getattr(m, "LIBCACHESIM", None)))
     return tuple(out)
 
 
@@ -102,6 +106,11 @@ FLAGS = np.array([[not e.pinned, e.uses_score, e.uses_next_request] for e in EVI
 
 def names() -> list[str]:
     return [e.name for e in EVICTIONS]
+
+
+def libcachesim_twins() -> dict[str, str]:
+    """Eviction name -> the libCacheSim class the tests check it against."""
+    return {e.name: e.libcachesim for e in EVICTIONS if e.libcachesim}
 
 
 def default_evictions() -> list[str]:

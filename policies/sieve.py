@@ -16,6 +16,7 @@ from numba import njit
 from moesim.policies.structures import CAP, CNT, PRV, RES, SIZE, TAIL, X0, list_push_front, list_unlink
 
 NAME = "sieve"
+LIBCACHESIM = "Sieve"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
 DOC = ("SIEVE (libCacheSim Sieve): a use marks the expert; a hand moving from oldest to newest clears "
        "marks and evicts the first unmarked expert")
 HAND = X0  # pool scalar: the hand's object id + 1, 0 = at the tail

@@ -209,19 +209,20 @@ def hit_rate_curve(routing, sizes: list[float]):
 
 def build_report(out: str | os.PathLike, *, results=None,
                  trace: str | os.PathLike | None = None, budgets: list[float] | None = None,
-                 title: str | None = None, progress=None, baseline: str | None = None) -> dict:
+                 title: str | None = None, progress=None, baseline: str | None = None,
+                 quality=None) -> dict:
     """Write a report directory at ``out`` from sweep ``results`` (a results.parquet, or a SweepOutcome)
     and/or a ``trace``; returns the manifest.
 
     With results but no trace, the trace the sweep recorded is used when it still exists (and has the
     same digest); otherwise the trace-based charts are left out with a note."""
     t0 = time.perf_counter()
-    if results is None and trace is None:
-        raise MoesimError("give sweep results, a trace, or both")
+    if results is None and trace is None and quality is None:
+        raise MoesimError("give sweep results, a trace, quality results, or any of them")
     from moesim.sweeps.store import layers_path
 
     out = Path(out)
-    inputs = [trace] + ([results, layers_path(results)] if isinstance(results, (str, os.PathLike)) else [])
+    inputs = [trace, quality] + ([results, layers_path(results)] if isinstance(results, (str, os.PathLike)) else [])
     _check_destination(out, inputs)
     say = progress or (lambda msg: None)
     notes: list[str] = []
@@ -238,7 +239,9 @@ def build_report(out: str | os.PathLike, *, results=None,
         if routing is None:
             routing = _recorded_trace(sweep, notes)
     synthetic = bool((routing is not None and routing.synthetic) or (sweep is not None and sweep.synthetic))
-    model = routing.meta.model_id if routing is not None else (sweep.model if sweep is not None else "")
+    qual = _load_quality(quality) if quality is not None else None
+    model = routing.meta.model_id if routing is not None else (sweep.model if sweep is not None else
+                                                               qual["model_id"][0] if qual is not None else "")
     if budgets is None:
         budgets = _budget_sizes(sweep, routing)
     budgets = sorted({float(b) for b in budgets})
@@ -248,11 +251,47 @@ def build_report(out: str | os.PathLike, *, results=None,
         (tmp / "charts").mkdir(parents=True)
         (tmp / "tables").mkdir()
         figures, tables = _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say)
+        if qual is not None:
+            figures += _quality_figures(qual, notes)
         manifest = _write(tmp, out, figures, tables, sweep=sweep, routing=routing, model=model,
                           synthetic=synthetic, notes=notes, title=title, say=say)
         manifest["seconds"] = round(time.perf_counter() - t0, 2)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def _load_quality(path):
+    from moesim.emulator.quality import read_quality
+
+    return read_quality(path)
+
+
+def _quality_figures(quality, notes: list[str]) -> list:
+    """dppl against substituted mass per policy class, one chart per model in the quality results."""
+    import polars as pl
+
+    from moesim.emulator.quality import class_stats, size_label
+    from moesim.reports.charts_quality import mass_dppl_chart
+
+    figs: list = []
+    for model in quality["model_id"].unique(maintain_order=True).to_list():
+        part = quality.filter(pl.col("model_id") == model)
+        stats = class_stats(part)
+        fig = mass_dppl_chart(part, stats, model=model)
+        if len(figs):
+            fig.name = f"{fig.name}_{len(figs)}"
+        figs.append(fig)
+        notes.append(f"{model}: dppl vs mass, Pearson r {stats[True]['r']:.3f} (n={stats[True]['n']}) among policies "
+                     f"that always fetch the first choice, {stats[False]['r']:.3f} (n={stats[False]['n']}) among "
+                     "those that may substitute it")
+        sizes = part.select("budget", "slots").unique(maintain_order=True)
+        if sizes.height > 1:
+            for b, sl in sizes.iter_rows():
+                one = part.filter(pl.col("budget") == b) if b is not None else part.filter(pl.col("slots") == sl)
+                st = class_stats(one)
+                notes.append(f"{model} at {size_label(b, sl)}: r {st[True]['r']:.3f} (n={st[True]['n']}) fetching the "
+                             f"first choice, {st[False]['r']:.3f} (n={st[False]['n']}) substituting it")
+    return figs
 
 
 def _recorded_trace(sweep: SweepData, notes: list[str]):

@@ -204,6 +204,17 @@ PRICED_COLUMNS = [
     Column("keeps_first_choice", "1st choice", _kept, "l", latex="1st\nchoice"),
     Column("pareto", "Pareto", _flag, "l"),
 ]
+DPPL_COLUMN = Column("dppl_shown", "dppl %", lambda v: "-" if v is None else str(v), latex=r"$\Delta$ppl \%")
+
+
+def quality_note(members: list[dict]) -> str:
+    fits = sorted({r["dppl_source"] for r in members if r.get("dppl_source") not in (None, "measured")})
+    note = "dppl %: perplexity increase measured by moesim emulate"
+    if fits:
+        note += "; ~ marks an " + "; ".join(fits)
+    return note + "; '-': not emulated (policies that may substitute the first choice get no estimate)."
+
+
 WIDE_COLUMNS = [
     Column("first_choice_substitutions", "1st subst+drop", _int),
     Column("gb_per_token_sync", "GB/tok sync", _f(".3f")),
@@ -285,6 +296,8 @@ def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict |
         shown = members[:top] if top else members
         priced = members[0]["priced"]
         cols = columns_for(priced, wide, any(m.get("fits_in_vram") is False for m in members))
+        if "dppl_shown" in members[0]:   # sweep --quality: measured (or, marked ~, estimated) dppl
+            cols = cols[:-1] + [DPPL_COLUMN] + cols[-1:]
         quant = members[0].get("quant_choice") or ""
         note = ((f"Quantization {quant}. " if quant and not quant.endswith(": given") else "")
                 + NOTE_COLUMNS
@@ -295,6 +308,8 @@ def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict |
             note += f" {dropped[key]} configs above the --max-mass limit left out."
         if len(shown) < len(members):
             note += f" Top {len(shown)} of {len(members)} configs."
+        if "dppl_shown" in members[0]:
+            note += " " + quality_note(members)
         tables.append(Table(group_title(members[0]), cols, cells(shown, cols), note, pricing_lines(members)))
     return tables
 

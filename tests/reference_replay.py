@@ -27,13 +27,16 @@ def _top(counts: dict, n: int) -> list:
 def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, theta=0.15, admit=None,
                      allocation="per-layer", warm=False, warmup_tokens=0, reset_per_sequence=False,
                      half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None,
-                     params=None):
+                     params=None, decisions=None):
     """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
     Negative ids in ``sel`` are padding (batched routing); ``wm``: the mass a substitution loses
-    (default: ``w``); ``params``: the eviction's named parameters (reference_policies classes)."""
+    (default: ``w``); ``params``: the eviction's named parameters (reference_policies classes).
+    ``decisions``: a dict filled with {(t, l, r): (outcome, substitute id or -1)}, outcomes as named in
+    the replay's decision record: "hit", "fetch", "substitute", "drop", "cpu"."""
     wm = w if wm is None else wm
+    decisions = {} if decisions is None else decisions
     cost = dict.fromkeys(COST_KEYS, 0.0) | (cost or {})
     T, L, k = sel.shape
     E = n_experts
@@ -172,6 +175,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 c["requests"] += 1
                 tc["requests"] += 1
                 if resident(o):
+                    decisions[(t, l, r)] = ("hit", -1)
                     c["hits"] += 1
                     tc["hits"] += 1
                     clock["now"] += cost["vram"]
@@ -188,6 +192,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     action = "fetch" if r == 0 else "substitute"
                 else:
                     action = miss
+                decisions[(t, l, r)] = (action if action != "substitute" else "drop", -1)
                 if action == "fetch":
                     c["fetches"] += 1
                     tc["fetches"] += 1
@@ -221,6 +226,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                             sub = x
                             break
                 if sub is not None:
+                    decisions[(t, l, r)] = ("substitute", sub[1])
                     ran_as_substitute.add(sub)
                     c["substitutions"] += 1
                     tc["substitutions"] += 1

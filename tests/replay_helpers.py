@@ -73,8 +73,9 @@ def libcachesim_misses(path, policy: str, capacity: int, n_requests: int, **para
     if policy == "s3fifo" and int(capacity * params.get("small_size_ratio", 0.1)) == 0:
         return n_requests
 
-    cls = {"lru": lcs.LRU, "lfu": lcs.LFU, "fifo": lcs.FIFO, "belady": lcs.Belady, "arc": lcs.ARC,
-           "s3fifo": lcs.S3FIFO, "sieve": lcs.Sieve, "clock": lcs.Clock}[policy]
+    from moesim.policies import registry
+
+    cls = getattr(lcs, registry.libcachesim_twins()[policy])
     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
     # a small hash table: the default (2^24 buckets per cache, three for S3FIFO) costs more than the replay
     ratio, _ = cls(cache_size=capacity, hashpower=16, **params).process_trace(reader)

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from replay_helpers import fast_random_routing, libcachesim_misses, oracle_trace
 
+from moesim.policies import registry
 from moesim.simulator import simulate
 
 pytest.importorskip("libcachesim", reason="libcachesim (test extra) is not installed")
 
-POLICIES = ["lru", "lfu", "fifo", "belady", "arc", "s3fifo", "sieve", "clock"]
+POLICIES = list(registry.libcachesim_twins())
 
 
 def per_layer_stream(routing, layer):

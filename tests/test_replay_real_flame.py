@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from replay_helpers import libcachesim_misses, oracle_trace
 
 from moesim.cli import cli
+from moesim.policies import registry
 from moesim.traces import load_routing
 from moesim.traces.importers.flame import import_flame
 
@@ -23,7 +24,7 @@ def flame_trace(tmp_path_factory, flame_dir):
     return out
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "belady", "arc", "s3fifo", "sieve", "clock"])
+@pytest.mark.parametrize("policy", list(registry.libcachesim_twins()))
 def test_simulate_json_equals_libcachesim_on_real_flame(flame_trace, tmp_path, policy):
     routing = load_routing(flame_trace)
     L, E = routing.n_layers, routing.n_experts

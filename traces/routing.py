@@ -161,15 +161,13 @@ def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int]
     if tf.meta.layout == "ranked":
         yield from _ranked_batches(tf, layer_ord, row_groups)
         return
-    stored = tf.meta.tie_order == "stored"
     for rows, g in _gate_inputs(tf, layer_ord, row_groups):
-        s_ord, w_ord = gating.order_selected(g.sel, g.weights(tf.meta.gating), keep_stored=stored)
-        yield rows, g.ranked, s_ord, w_ord
+        yield (rows, *g.decoded(tf.meta, str(tf.path)))
 
 
 @dataclass
 class GateInputs:
-    """One batch of a dense or sparse trace, decoded up to the gate: ``ranked`` [n, M] candidates,
+    """Rows of a dense or sparse trace decoded up to the gate: ``ranked`` [n, M] candidates,
     ``sel`` [n, k] the selection (not yet ordered by weight), and what its weights come from:
     ``raw_weights`` (the trace's weights column) or ``sel_logits`` (the selected experts' logits).
     ``first_k``: the selection is the k first-ranked candidates (no selected column, no group limit)."""
@@ -180,11 +178,58 @@ class GateInputs:
     sel_logits: np.ndarray | None
     first_k: bool
 
-    def weights(self, gating_name: str) -> np.ndarray:
+    def weights(self, meta: TraceMeta, where: str) -> np.ndarray:
         if self.raw_weights is not None:
-            return gating.normalize(self.raw_weights)
+            try:
+                return gating.normalize(self.raw_weights)
+            except MoesimError as exc:
+                raise MoesimError(f"{where}: {exc}") from None
         assert self.sel_logits is not None
-        return gating.gate_weights(self.sel_logits, gating_name)
+        return gating.gate_weights(self.sel_logits, meta.gating)
+
+    def decoded(self, meta: TraceMeta, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ranked candidates, selected in rank order, their normalized weights)."""
+        s_ord, w_ord = gating.order_selected(self.sel, self.weights(meta, where), keep_stored=meta.tie_order == "stored")
+        return self.ranked, s_ord, w_ord
+
+
+def gate_inputs(meta: TraceMeta, ids: np.ndarray, vals: np.ndarray, bias_rows: np.ndarray | None,
+                selected: np.ndarray | None, weights: np.ndarray | None, where: str = "routing") -> GateInputs:
+    """Rows of scores as a trace stores them, decoded up to the gate (see decode_scores)."""
+    k = meta.top_k
+    dense = meta.layout == "dense"
+    stored = meta.tie_order == "stored"
+    score = gating.selection_scores(vals, meta.gating, bias_rows)
+    order = gating.rank_order(ids, score, ids_sorted=dense or stored)
+    ranked_ids = np.take_along_axis(ids, order, axis=1)
+    if selected is not None:
+        if weights is not None:
+            return GateInputs(ranked_ids, selected, weights, None, False)
+        sel_logits, found = gating.lookup(ids, vals, selected, dense=dense)
+        if not found.all():
+            raise MoesimError(f"{where}: a selected expert is not among the row's scored candidates and "
+                              "the trace stores no weights to weigh it")
+        return GateInputs(ranked_ids, selected, None, sel_logits, False)
+    if meta.gating == "sigmoid" and meta.n_group > 1:
+        if not dense:
+            raise MoesimError(f"{where}: group-limited sigmoid routing needs dense logits or a "
+                              "'selected' column")
+        s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
+        sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
+        return GateInputs(ranked_ids, s, None, sel_logits, False)
+    return GateInputs(ranked_ids, ranked_ids[:, :k], None, np.take_along_axis(vals, order[:, :k], axis=1), True)
+
+
+def decode_scores(meta: TraceMeta, ids: np.ndarray, vals: np.ndarray, bias_rows: np.ndarray | None,
+                  selected: np.ndarray | None, weights: np.ndarray | None, where: str = "routing"
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of scores as a trace stores them -> (candidates ranked by selection score [n, M],
+    selected [n, k] in rank order, their normalized weights [n, k]). ``ids``/``vals``: the
+    scored experts and their logits (float64 of the stored float32); ``bias_rows``: the
+    selection bias of each row's ids; ``selected``/``weights``: the model's own choice when
+    stored. The one decode both a trace file and the emulator's in-memory routing go through
+    (the ranked layout stores its result: _ranked_batches)."""
+    return gate_inputs(meta, ids, vals, bias_rows, selected, weights, where).decoded(meta, where)
 
 
 def _gate_inputs(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
@@ -194,49 +239,25 @@ def _gate_inputs(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | N
     dense = meta.layout == "dense"
     bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
-    stored = meta.tie_order == "stored"
     cols = (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
     for start, _, batch in tf.iter_group_batches(cols, row_groups=row_groups):
         n = batch.num_rows
         rows = slice(start, start + n)
         ids, vals = _scores(batch, meta, tf.path)
         bias_rows = bias[layer_ord[rows][:, None], ids] if bias is not None else None
-        score = gating.selection_scores(vals, meta.gating, bias_rows)
-        order = gating.rank_order(ids, score, ids_sorted=dense or stored)
-        ranked_ids = np.take_along_axis(ids, order, axis=1)
-        raw_w = sel_logits = None
-        first_k = False
+        s = ww = None
         if has_sel:
             s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
             _check_ids(s, E, "selected", tf.path)
             if has_w:
-                raw_w = _weights(batch, k, tf.path)
-            else:
-                sel_logits, found = gating.lookup(ids, vals, s, dense=dense)
-                if not found.all():
-                    raise MoesimError(f"{tf.path}: a selected expert is not among the row's scored candidates and "
-                                      "the trace stores no weights to weigh it")
-        else:
-            if meta.gating == "sigmoid" and meta.n_group > 1:
-                if not dense:
-                    raise MoesimError(f"{tf.path}: group-limited sigmoid routing needs dense logits or a "
-                                      "'selected' column")
-                s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
-                sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
-            else:
-                s = ranked_ids[:, :k]
-                sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
-                first_k = True
-        yield rows, GateInputs(ranked_ids, s, raw_w, sel_logits, first_k)
+                ww = _weights(batch, k, tf.path)
+        yield rows, gate_inputs(meta, ids, vals, bias_rows, s, ww, where=str(tf.path))
 
 
 def _weights(batch: pa.RecordBatch, k: int, path: Path) -> np.ndarray:
     ww = _fixed(batch.column("weights"), k, np.float64, "weights", path)
     if not np.isfinite(ww).all():
         raise MoesimError(f"{path}: column weights holds NaN or infinite values")
-    if (ww < 0).any() or (ww.sum(axis=1) <= 0).any():
-        raise MoesimError(f"{path}: gate weights must be non-negative with a positive sum over the k selected "
-                          "experts")
     return ww
 
 
@@ -277,7 +298,7 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] 
         else:
             s = ranked[:, :k]
         if has_w:
-            ww = gating.normalize(_weights(batch, k, tf.path))
+            ww = GateInputs(ranked, s, _weights(batch, k, tf.path), None, False).weights(meta, str(tf.path))
         elif gaps:
             gcol = batch.column("gate_gaps")
             if gcol.null_count:
@@ -404,4 +425,4 @@ def _scores(batch: pa.RecordBatch, meta: TraceMeta, path: Path) -> tuple[np.ndar
     return ids, vals
 
 
-__all__ = ["Routing", "load_routing", "decode", "validate_trace", "expert_counts", "PHASES"]
+__all__ = ["Routing", "load_routing", "decode", "decode_scores", "validate_trace", "expert_counts", "PHASES"]

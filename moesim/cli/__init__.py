@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("moesim.cli.calibrate", "Fit a machine file's rates to measured runs (llama-bench or CSV)."),
     "models": ("moesim.cli.models", "Model presets: geometry, parameters, bytes per expert and per token."),
     "estimate": ("moesim.cli.estimate", "Analytic seconds per token for a model on a machine, no trace needed."),
+    "emulate": ("moesim.cli.emulate", "Run a model under a cache policy and measure the perplexity it costs."),
     "report": ("moesim.cli.report", "HTML report, PNG/SVG charts and paper tables from a sweep or a trace."),
 }
 

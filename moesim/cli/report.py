@@ -13,12 +13,16 @@ import click
 @click.option("--budget", "budgets", type=float, multiple=True,
               help="Budgets for the routing-profile table and the per-token replays (default: the sweep's; "
                    "without results 0.125, 0.25, 0.5). Repeatable.")
+@click.option("--quality", "quality", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Quality results (moesim emulate --grid ... -o quality.parquet): adds perplexity increase against "
+                   "substituted mass per policy class, with Pearson r and n. A RESULTS file of quality results is "
+                   "read as --quality.")
 @click.option("--title", default=None, help="Page title (default: 'moesim report: MODEL').")
 @click.option("--baseline", default=None, metavar="PRESET|EVICTION/MISS[/admit β]",
               help="The config every speed-up divides by (default: the one the sweep used; see moesim sweep).")
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=str), required=True,
               help="Report directory to write (replaced atomically if it holds an earlier report).")
-def command(results, trace, budgets, title, baseline, out):
+def command(results, trace, budgets, quality, title, baseline, out):
     """Write a self-contained HTML report of sweep RESULTS (results.parquet from `moesim sweep`) and/or
     a --trace to directory -o: index.html works offline (Vega inlined, no network request), every chart
     also as PNG and SVG, every table as Markdown, LaTeX and CSV (docs/reports.md).
@@ -29,11 +33,23 @@ def command(results, trace, budgets, title, baseline, out):
     from moesim.errors import MoesimError
     from moesim.reports.report import build_report
 
-    if results is None and trace is None:
-        raise MoesimError("give sweep RESULTS (a results.parquet), --trace TRACE, or both")
+    if results is not None and quality is None and _is_quality(results):
+        results, quality = None, results
+    if results is None and trace is None and quality is None:
+        raise MoesimError("give sweep RESULTS (a results.parquet), --trace TRACE, --quality FILE, or several")
     manifest = build_report(out, results=results, trace=trace, budgets=list(budgets) or None, title=title,
-                            progress=_progress(), baseline=baseline)
+                            progress=_progress(), baseline=baseline, quality=quality)
     echo_summary(manifest, out)
+
+
+def _is_quality(path) -> bool:
+    """A quality results file (moesim emulate --grid -o) rather than sweep results."""
+    try:
+        import pyarrow.parquet as pq
+
+        return "ppl" in pq.read_schema(path).names
+    except Exception:  # noqa: BLE001 - not readable here: let the sweep reader say why
+        return False
 
 
 def _progress():

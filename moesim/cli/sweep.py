@@ -82,12 +82,17 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
                    "columns.")
 @click.option("--flush-every", type=float, default=2.0, show_default=True, metavar="SECONDS",
               help="Save finished rows to -o at least this often.")
+@click.option("--quality", "quality", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="Quality results of the trace's model (moesim emulate --grid ... -o): adds measured dppl %, and for "
+                   "policies that always fetch the first choice an estimate from the model's mass fit (marked ~).")
+@click.option("--max-dppl", type=float, default=None, metavar="X",
+              help="With --quality: rank only the configs whose dppl % (measured or estimated) is at most X.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
             reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, baseline,
-            rank_by, max_mass, wide, flush_every, report_dir):
+            rank_by, max_mass, wide, flush_every, quality, max_dppl, report_dir):
     """Replay TRACE(s) through a grid of cache policies and print them ranked:
     policies that always run the router's first choice first, then by time per
     token (by hit rate when the trace cannot be priced), with the speed-up over
@@ -121,6 +126,17 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every, rank_by=rank_by)
     df = out.rows
+    if quality:
+        from moesim.emulator.quality import read_quality
+        from moesim.sweeps.quality import attach_quality, within
+
+        df = attach_quality(df, read_quality(quality))
+        if max_dppl is not None:
+            df = within(df, max_dppl, baseline=grid.baseline, rank_by=rank_by)
+    elif max_dppl is not None:
+        from moesim.errors import MoesimError
+
+        raise MoesimError("--max-dppl needs --quality (measured perplexity from moesim emulate)")
     synthetic = bool(df["synthetic"].any()) if df.height else False
 
     def distinct(col):

@@ -89,6 +89,14 @@ def hf_sequences(tok, texts: Sequence[str], domains: Sequence[str] | None, seq_l
     return split_sequences(texts, domains, tokenize, seq_len, max_tokens, bos=tokenizer_bos(tok))
 
 
+def hf_model_id(model_dir: str | os.PathLike, config: dict, model_id: str | None = None) -> str:
+    """The model id a trace of this checkpoint carries (so emulator results join its sweeps)."""
+    mid = model_id or config.get("_name_or_path") or Path(model_dir).resolve().name
+    if os.path.isabs(mid) or os.sep in mid and Path(mid).exists():
+        mid = Path(mid).name
+    return mid
+
+
 def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.PathLike, *,
              domains: Sequence[str] | None = None, seq_len: int = 512, max_tokens: int | None = None,
              candidates: int | None = None, dense: bool = False, dtype: str = "auto", device: str | None = None,
@@ -111,9 +119,7 @@ def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.P
     src = source_meta(texts, domains, seq_len, max_tokens, seqs)
     src["model_dir"] = str(Path(model_dir).resolve())
     src["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
-    mid = model_id or config.get("_name_or_path") or Path(model_dir).resolve().name
-    if os.path.isabs(mid) or os.sep in mid and Path(mid).exists():
-        mid = Path(mid).name
+    mid = hf_model_id(model_dir, config, model_id)
     with torch.inference_mode(), record_router(model, out, model_id=mid, layout="dense" if dense else "sparse",
                                                candidates=candidates, domains=doms, source=src) as rec:
         done = 0

@@ -246,22 +246,11 @@ class TorchRecorder:
                           domain=self.domain)
 
 
-@contextmanager
-def record_router(model, path: str | os.PathLike, *, modules=None, model_id: str | None = None,
-                  family: str | None = None, top_k: int | None = None, gating: str | None = None,
-                  layout: str = "sparse", candidates: int | None = None, domains: list[str] | None = None,
-                  token_ids: bool = True, source: dict | None = None, **meta_overrides):
-    """Record the router logits of every forward pass of ``model`` inside the block into
-    the trace ``path`` (published when the block exits normally; removed on an error).
-
-    Each forward call traces new sequences (one per batch row) as prefill, unless it
-    continues from a KV cache (``past_key_values``/``cache`` holding tokens, as in ``generate``),
-    whose tokens are then recorded as decode steps of the same sequences. Padding
-    (``attention_mask`` 0) is not recorded. ``modules``: see ``resolve_modules``.
-    Other keyword arguments override TraceMeta fields (e.g. ``norm_topk_prob``,
-    ``bytes_per_expert``, ``n_shared_experts``).
-    """
-    routers = resolve_modules(model, modules)
+def trace_fields(model, routers: dict[int, Any], *, model_id: str | None = None, family: str | None = None,
+                 top_k: int | None = None, gating: str | None = None, source: dict | None = None,
+                 **meta_overrides) -> tuple[dict, dict[int, np.ndarray]]:
+    """The TraceMeta fields ``record_router`` writes for ``model`` (before the recorder adds the
+    layout, M and the selection bias), and the per-layer selection bias."""
     fields, bias = model_meta(model, routers)
     fields.setdefault("family", family or getattr(getattr(model, "config", None), "model_type", None) or "custom")
     fields["model_id"] = model_id or _model_id(model)
@@ -281,6 +270,27 @@ def record_router(model, path: str | os.PathLike, *, modules=None, model_id: str
                         **_transformers_version()}
     fields["synthetic"] = False
     fields.update(meta_overrides)
+    return fields, bias
+
+
+@contextmanager
+def record_router(model, path: str | os.PathLike, *, modules=None, model_id: str | None = None,
+                  family: str | None = None, top_k: int | None = None, gating: str | None = None,
+                  layout: str = "sparse", candidates: int | None = None, domains: list[str] | None = None,
+                  token_ids: bool = True, source: dict | None = None, **meta_overrides):
+    """Record the router logits of every forward pass of ``model`` inside the block into
+    the trace ``path`` (published when the block exits normally; removed on an error).
+
+    Each forward call traces new sequences (one per batch row) as prefill, unless it
+    continues from a KV cache (``past_key_values``/``cache`` holding tokens, as in ``generate``),
+    whose tokens are then recorded as decode steps of the same sequences. Padding
+    (``attention_mask`` 0) is not recorded. ``modules``: see ``resolve_modules``.
+    Other keyword arguments override TraceMeta fields (e.g. ``norm_topk_prob``,
+    ``bytes_per_expert``, ``n_shared_experts``).
+    """
+    routers = resolve_modules(model, modules)
+    fields, bias = trace_fields(model, routers, model_id=model_id, family=family, top_k=top_k, gating=gating,
+                                source=source, **meta_overrides)
     rec = RouterRecorder(path, fields, layout=layout, candidates=candidates, domains=domains,
                          selection_bias=bias)
     handle = TorchRecorder(model, rec, routers, token_ids)

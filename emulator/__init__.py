@@ -1,0 +1,12 @@
+"""The emulator: the model's exact outputs under a cache policy, and the perplexity they give.
+
+Data flow: model -> emulator -> quality results -> sweep / report. Each MoE layer's router
+output for every token of a run goes through the replay's state machine (the same semantics as
+``moesim simulate``, untimed: fetch latency idealized); a substituted expert runs in place of the
+missed one with the missed one's gate weight, a dropped one contributes nothing. The replay is
+called from one place, ``emulator.policy``. See docs/emulator.md.
+"""
+
+from moesim.emulator.run import EmulationSetup, Emulator, PolicyRun, emulate, load_emulator
+
+__all__ = ["Emulator", "EmulationSetup", "PolicyRun", "emulate", "load_emulator"]

@@ -1,0 +1,71 @@
+"""The emulator's one call into the replay: decide every request of one MoE layer.
+
+With per-layer pools and no clock, layer l's cache decisions depend only on layer l's requests,
+so a one-layer Routing of layer l's requests over all tokens replays layer l alone. Everything
+else in the emulator goes through this module, never the kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moesim.errors import MoesimError
+from moesim.policies.miss import OUTCOME_CPU, OUTCOME_DROP, OUTCOME_FETCH, OUTCOME_HIT, OUTCOME_SUBSTITUTE
+from moesim.simulator import SimConfig, SimResult, simulate
+from moesim.traces.routing import Routing
+
+__all__ = ["OUTCOME_HIT", "OUTCOME_FETCH", "OUTCOME_SUBSTITUTE", "OUTCOME_DROP", "OUTCOME_CPU",
+           "LayerDecisions", "check_config", "decide_layer", "combine", "replay"]
+
+
+@dataclass
+class LayerDecisions:
+    outcome: np.ndarray      # [T, k] int8, rank order (OUTCOME_*)
+    substitute: np.ndarray   # [T, k] int16, the expert run instead of a substituted one, else -1
+    result: SimResult        # the layer's counters
+
+
+def check_config(config: SimConfig) -> None:
+    """Refuse what the emulator cannot run exactly layer by layer (one line, MoesimError)."""
+    if config.allocation != "per-layer":
+        raise MoesimError("the emulator needs per-layer pools: with --allocation global a layer's decisions depend "
+                          "on the other layers' requests of earlier tokens, which a teacher-forced pass computes "
+                          "only after it (emulate with per-layer pools)")
+    if config.batch != 1:
+        raise MoesimError("the emulator runs one sequence at a time (batch 1); batched decoding is a time-model "
+                          "question, not a quality one")
+
+
+def decide_layer(routing: Routing, config: SimConfig) -> LayerDecisions:
+    """Replay a one-layer routing under ``config``; each request's outcome in rank order."""
+    if routing.n_layers != 1:
+        raise MoesimError("decide_layer takes the routing of one MoE layer")
+    res = simulate(routing, config, record=True)
+    d = res.decisions
+    assert d is not None  # record=True always keeps them
+    return LayerDecisions(np.asarray(d.outcome)[:, 0, :], np.asarray(d.substitute)[:, 0, :], res)
+
+
+def replay(routing: Routing, config: SimConfig) -> SimResult:
+    """Counters of ``config`` on a whole (all-layer) routing: the open loop, and the check that a
+    closed-loop trace replays to the emulator's own counters."""
+    return simulate(routing, config)
+
+
+def combine(results: list[SimResult], layer_ids: tuple[int, ...]) -> SimResult:
+    """One SimResult from per-layer replays (layer order), as one replay of all layers would give
+    with per-layer pools."""
+    first = results[0]
+    return SimResult(
+        config=first.config, layer_ids=tuple(layer_ids),
+        counts=np.concatenate([r.counts for r in results], axis=0),
+        mass=np.concatenate([r.mass for r in results]),
+        token_counts=np.sum([r.token_counts for r in results], axis=0),
+        token_mass=np.sum([r.token_mass for r in results], axis=0),
+        counted_tokens=first.counted_tokens, slots_per_layer=first.slots_per_layer, n_experts=first.n_experts,
+        trace_digest="", synthetic=False, replay_seconds=sum(r.replay_seconds for r in results),
+        token_seconds=np.zeros_like(first.token_mass), token_stall=np.zeros_like(first.token_mass),
+        step_members=first.step_members, step_decode=first.step_decode, warmup_steps=first.warmup_steps,
+    )

@@ -1,0 +1,163 @@
+"""Quality results: one row per (emulation setup, policy config), keyed to join sweep rows.
+
+A row's ``config_key`` is ``SimConfig.key()``, the key of the sweep's row for the same policy and
+cache size: a sweep of a trace of the same model joins its rows on (``model_id``, ``config_key``).
+``setup_key`` names what else the perplexity depends on (text tokens, dtype, window, candidates,
+drop mode); ``row_key`` = ``setup_key:config_key``.
+
+The mass fit: among policies that always run the router's first choice (fetch-all, threshold,
+first-choice, cpu), the perplexity increase is fitted as dppl% = b x mass per step through the
+origin (zero substituted mass changes no output), over the emulated configs with nonzero mass at
+the same cache size (all of the model's sizes when that one has fewer than 3);
+Pearson r and n are reported with it (sweeps/quality.py gives sweep rows of that class without a
+measurement the fit's value, labelled an estimate; policies that may substitute the first choice get none).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moesim.errors import MoesimError
+from moesim.simulator import SimConfig
+
+QUALITY_COLUMNS = ("row_key", "setup_key", "config_key", "ppl", "ppl_baseline", "dppl_pct", "fetches_first")
+MIN_FIT = 3  # fewest nonzero-mass measurements a fit is made from
+
+
+def policy_label(config: SimConfig) -> str:
+    """eviction / miss [/ admit β]: the sweep's policy column."""
+    parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
+    return " / ".join(parts)
+
+
+def quality_rows(setup, runs) -> list[dict]:
+    from moesim.emulator.run import always_fetches_first
+
+    rows = []
+    for run in runs:
+        c = run.config
+        t, o = run.result.totals(), run.open_loop.totals()
+        rows.append({
+            "row_key": f"{setup.key}:{c.key()}", "setup_key": setup.key, "config_key": c.key(),
+            "model_id": setup.model_id, "family": setup.family, "text_digest": setup.text_digest,
+            "dtype": setup.dtype, "device": setup.device, "window": setup.window, "layout": setup.layout,
+            "candidates": setup.candidates, "drop": setup.drop, "tokens": len(run.nll),
+            "label": c.label(), "policy": policy_label(c), "eviction": c.eviction, "miss": c.miss,
+            "admit": c.admit, "budget": c.budget, "slots": c.slots, "slots_per_layer": run.result.slots_per_layer,
+            "allocation": c.allocation, "warm": c.warm, "warmup_tokens": c.warmup_tokens,
+            "reset_per_sequence": c.reset_per_sequence, "batch": c.batch,
+            "ppl": run.ppl, "ppl_baseline": run.ppl_baseline, "dppl_pct": run.dppl_pct,
+            "fetches_first": always_fetches_first(c), "emulated": run.emulated, "seconds": run.seconds,
+            **{k: v for k, v in t.items()},
+            "open_mass_per_step": o["mass_per_step"], "open_hit_rate": o["hit_rate"],
+            "open_substitution_rate": o["substitution_rate"], "open_substitutions": o["substitutions"],
+            "open_drops": o["drops"], "routing_drift": run.drift,
+        })
+    return rows
+
+
+def quality_frame(setup, runs):
+    import polars as pl
+
+    return pl.DataFrame(quality_rows(setup, runs), infer_schema_length=None)
+
+
+def read_quality(path: str | os.PathLike):
+    import polars as pl
+
+    p = Path(path)
+    if not p.is_file():
+        raise MoesimError(f"{path}: no such quality results file (write one with moesim emulate MODEL --grid ... "
+                          f"-o {p.name})")
+    try:
+        df = pl.read_parquet(p)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one error line
+        raise MoesimError(f"{path}: not a readable Parquet file ({exc})") from None
+    missing = [c for c in QUALITY_COLUMNS if c not in df.columns]
+    if missing:
+        raise MoesimError(f"{path}: not moesim quality results (missing columns: {', '.join(missing)})")
+    return df
+
+
+def existing_keys(path) -> set[str] | None:
+    if path is None or not Path(path).exists():
+        return None
+    return set(read_quality(path)["row_key"].to_list())
+
+
+def write_quality(df, path) -> int:
+    """Add rows to a quality results file (atomically; rows already there are kept). Returns the row count."""
+    import polars as pl
+
+    from moesim.files import write_table
+
+    if Path(path).suffix != ".parquet":
+        raise MoesimError(f"{path}: quality results are written as .parquet")
+    if Path(path).exists():
+        old = read_quality(path)
+        df = pl.concat([old.filter(~pl.col("row_key").is_in(df["row_key"].to_list())), df], how="diagonal_relaxed")
+    write_table(df, path)
+    return df.height
+
+
+# ---------------------------------------------------------------------------------------------- the mass fit
+
+
+@dataclass
+class MassFit:
+    model_id: str
+    slope: float        # dppl % per unit of mass per step
+    r: float            # Pearson r of (mass per step, dppl %) over the points
+    n: int
+    size: str = "all cache sizes"   # the cache size the points share, or all of the model's
+
+    def estimate(self, mass_per_step: float) -> float:
+        return self.slope * mass_per_step
+
+    def label(self) -> str:
+        return (f"estimate: {self.slope:.3g} x mass/step, fit on n={self.n} measured configs at {self.size} "
+                f"(r={self.r:.2f})")
+
+
+def pearson(x, y) -> float:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 2 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def class_stats(df) -> dict[bool, dict]:
+    """Pearson r and n of (mass per step, dppl %) per class (fetches first: True / False), over the
+    configs with nonzero substituted mass."""
+    out = {}
+    for cls in (True, False):
+        part = df.filter((df["fetches_first"] == cls) & (df["mass_per_step"] > 0))
+        out[cls] = {"n": part.height, "r": pearson(part["mass_per_step"], part["dppl_pct"])}
+    return out
+
+
+def size_label(budget, slots) -> str:
+    return f"budget {budget:g}" if budget is not None else f"{slots} slots per layer"
+
+
+def mass_fit(df, model_id: str, budget: float | None = None, slots: int | None = None) -> MassFit | None:
+    """The fit for a model at one cache size (the slope depends on it: a smaller cache substitutes
+    more often in the same layers); from all the model's sizes when that size has too few points."""
+    import polars as pl
+
+    part = df.filter((pl.col("model_id") == model_id) & pl.col("fetches_first") & (pl.col("mass_per_step") > 0))
+    size = "all cache sizes"
+    if budget is not None or slots is not None:
+        same = part.filter(pl.col("budget") == budget) if budget is not None else \
+            part.filter(pl.col("budget").is_null() & (pl.col("slots") == slots))
+        if same.height >= MIN_FIT:
+            part, size = same, size_label(budget, slots)
+    if part.height < MIN_FIT:
+        return None
+    x, y = part["mass_per_step"].to_numpy(), part["dppl_pct"].to_numpy()
+    slope = float((x * y).sum() / (x * x).sum())
+    return MassFit(model_id, slope, pearson(x, y), part.height, size)

@@ -1,0 +1,62 @@
+"""Sweep rows joined with quality results (``moesim emulate --grid ... -o quality.parquet``).
+
+A sweep row and a quality row describe the same policy and cache size when their ``config_key``
+(``SimConfig.key()``) is equal, and the same model when their ``model_id`` is (both name the
+checkpoint as ``moesim trace hf`` does). Where a config was emulated its measured dppl is shown;
+for the policies that always run the router's first choice, the rest get the model's mass fit
+(emulator.quality.mass_fit), labelled an estimate with its r and n; the others stay empty.
+"""
+
+from __future__ import annotations
+
+import math
+
+from moesim.errors import MoesimError
+
+
+def attach_quality(rows, quality):
+    """Sweep rows + ``dppl_pct`` (measured where the config was emulated for the trace's model; for
+    the always-fetch-first class otherwise the mass fit's estimate), ``dppl_source`` ("measured",
+    the fit's label, or null) and ``dppl_shown`` (the table cell: "~" marks an estimate). Rows of a
+    model the quality results do not cover stay empty."""
+    import polars as pl
+
+    from moesim.emulator.quality import mass_fit
+    from moesim.emulator.run import FETCHES_FIRST
+
+    setups = quality.group_by("model_id").agg(pl.col("setup_key").n_unique().alias("n"))
+    many = setups.filter(pl.col("n") > 1)
+    if many.height:
+        raise MoesimError(f"the quality results hold several emulation setups (texts, dtype, window...) for model "
+                          f"{many['model_id'][0]}; keep one per model")
+    measured = {(r["model_id"], r["config_key"]): r["dppl_pct"] for r in quality.iter_rows(named=True)}
+    fits: dict = {}
+    vals, srcs, shown = [], [], []
+    for r in rows.iter_rows(named=True):
+        v = measured.get((r["model_id"], r["config_key"]))
+        fk = (r["model_id"], r["budget"], r["slots"])
+        if fk not in fits:
+            fits[fk] = mass_fit(quality, r["model_id"], r["budget"], r["slots"])
+        fit = fits[fk]
+        if v is not None:
+            vals.append(v), srcs.append("measured"), shown.append(f"{v:+.2f}")
+        elif fit is not None and r["miss"].split(":")[0] in FETCHES_FIRST and r["mass_per_step"] is not None \
+                and math.isfinite(r["mass_per_step"]):
+            e = fit.estimate(r["mass_per_step"])
+            vals.append(e), srcs.append(fit.label()), shown.append(f"~{e:+.2f}")
+        else:
+            vals.append(None), srcs.append(None), shown.append(None)
+    return rows.with_columns(pl.Series("dppl_pct", vals, dtype=pl.Float64),
+                             pl.Series("dppl_source", srcs, dtype=pl.Utf8),
+                             pl.Series("dppl_shown", shown, dtype=pl.Utf8))
+
+
+def within(rows, max_dppl: float, **ranking):
+    """Only the rows whose dppl % (measured or estimated) is at most ``max_dppl``, re-ranked
+    (``ranking``: annotate's baseline and rank_by, as the sweep ranked them)."""
+    import polars as pl
+
+    from moesim.sweeps.ranking import annotate
+
+    kept = rows.filter(pl.col("dppl_pct").is_not_null() & (pl.col("dppl_pct") <= max_dppl))
+    return annotate(kept, **ranking)
