@@ -189,7 +189,8 @@ class GateInputs:
 
     def decoded(self, meta: TraceMeta, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ranked candidates, selected in rank order, their normalized weights)."""
-        s_ord, w_ord = gating.order_selected(self.sel, self.weights(meta, where), keep_stored=meta.tie_order == "stored")
+        s_ord, w_ord = gating.order_selected(self.sel, self.weights(meta, where),
+                                             keep_stored=meta.tie_order == "stored")
         return self.ranked, s_ord, w_ord
 
 
