@@ -93,33 +93,63 @@ def _forked(tasks, jobs: int):
         pool.terminate()
 
 
-_RAY_TRACES: dict = {}  # per Ray worker process: object ref -> writable Routing
+_RAY_TRACES: dict = {}  # per Ray worker process: object ref -> the trace, its arrays in the node's object store
+_ROUTING_ARRAYS = ("seq", "pos", "phase", "domain", "token", "sel", "w", "cand")
+
+
+class _Writable:
+    """NumPy's array interface over another array's memory, flagged writable. Ray's object store hands
+    out zero-copy arrays that are read-only, and numba would compile (minutes, cold) a second kernel
+    signature for read-only arrays; the replay never writes to routing arrays, so a writable alias of
+    the node's single copy replaces the per-process copy."""
+
+    def __init__(self, a):
+        self.base = a  # keeps the object-store buffer alive as long as the alias
+        self.__array_interface__ = {"shape": a.shape, "typestr": a.dtype.str, "strides": a.strides,
+                                    "data": (a.ctypes.data, False), "version": 3}
+
+
+def shared_alias(a):
+    """``a`` itself when writable, else a writable alias of the same memory (no copy)."""
+    import numpy as np
+
+    if not isinstance(a, np.ndarray) or a.flags.writeable or a.size == 0:
+        return a
+    return np.asarray(_Writable(a))
 
 
 def _ray_batch(trace_ref, cost, tasks, ci=None):
-    """Runs in a Ray worker. ``trace_ref`` is [ObjectRef] (wrapped so Ray does not resolve it): the
-    object store hands out read-only arrays, which numba would compile as a second signature, so
-    each worker process copies a trace once and keeps it for the later batches."""
-    import numpy as np
+    """Runs in a Ray worker. ``trace_ref`` is [ObjectRef] (wrapped so Ray does not resolve it). The
+    trace moves to a node once: Ray's object manager pulls the object into that node's shared-memory
+    object store the first time a task there asks for it, and every worker process on the node maps
+    the same copy (zero-copy). A worker keeps its mapping for its later batches."""
     import ray
 
     key = trace_ref[0].hex()
     local = _RAY_TRACES.get(key)
     if local is None:
         routing = ray.get(trace_ref[0])
-        local = dataclasses.replace(routing.without_derived(), sel=np.array(routing.sel), w=np.array(routing.w),
-                                    cand=np.array(routing.cand), seq=np.array(routing.seq),
-                                    phase=np.array(routing.phase))
+        local = dataclasses.replace(routing.without_derived(),
+                                    **{n: shared_alias(getattr(routing, n)) for n in _ROUTING_ARRAYS})
         _RAY_TRACES.clear()  # one trace at a time per worker: bounded memory
         _RAY_TRACES[key] = local
-    return [(t.replay_key, replay_payload(local, t.config, cost, ci)) for t in tasks]
+    node = ray.get_runtime_context().get_node_id()
+    return node, [(t.replay_key, replay_payload(local, t.config, cost, ci)) for t in tasks]
+
+
+def routing_nbytes(routing) -> int:
+    """Bytes of a decoded trace's arrays: what ray.put stores and what moves to each node once."""
+    import numpy as np
+
+    return sum(a.nbytes for n in _ROUTING_ARRAYS if isinstance(a := getattr(routing, n), np.ndarray))
 
 
 def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None = None, executor: str = "local",
-            ci: CI | None = None):
+            ci: CI | None = None, stats: dict | None = None):
     """Replay every task; yield (replay_key, payload) as they finish, in any order. Close the
     generator (or let an exception through) to stop: worker processes are terminated. ``ci``: add
-    each replay's sums per resampling unit (simulator/units.py, simulator/rotation.py)."""
+    each replay's sums per resampling unit (simulator/units.py, simulator/rotation.py). On Ray,
+    ``stats`` (a dict) receives what was shipped and where the tasks ran (ray_summary)."""
     if executor not in EXECUTORS:
         raise MoesimError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
     if jobs is not None and jobs < 1:
@@ -127,7 +157,7 @@ def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None =
     if not work:
         return
     if executor == "ray":
-        yield from _ray(work, jobs, routings, costs, ci)
+        yield from _ray(work, jobs, routings, costs, stats if stats is not None else {}, ci)
         return
     ensure_compiled()  # compile or load once, before forking, so no worker compiles
     for r in routings:
@@ -141,7 +171,7 @@ def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None =
         _SHARED.clear()
 
 
-def _ray(tasks, jobs: int | None, routings, costs, intervals: CI | None = None):
+def _ray(tasks, jobs: int | None, routings, costs, stats: dict, intervals: CI | None = None):
     try:
         import ray
     except ImportError:
@@ -153,24 +183,43 @@ def _ray(tasks, jobs: int | None, routings, costs, intervals: CI | None = None):
         ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, **kwargs)
         started = True
     try:
-        remote = ray.remote(_ray_batch)
+        # SPREAD: batches go round the nodes, so every node of a cluster takes a share
+        remote = ray.remote(_ray_batch).options(scheduling_strategy="SPREAD")
         trace_refs, cost_refs = {}, {}
         by_pair: dict[tuple[int, int], list[Task]] = {}
         for t in tasks:
             by_pair.setdefault((t.trace, t.cost), []).append(t)
         n_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        stats.update(trace_bytes=0, puts=0, tasks=0, nodes={})
         pending = []
         for (ti, ci), group in by_pair.items():
             if ti not in trace_refs:
+                # one put per trace: tasks get the reference, never the arrays, so the trace crosses the
+                # network once per node (a node's object store holds one copy for all its workers)
                 trace_refs[ti] = ray.put(routings[ti].without_derived())
+                stats["trace_bytes"] += routing_nbytes(routings[ti])
+                stats["puts"] += 1
             if ci not in cost_refs:
                 cost_refs[ci] = ray.put(costs[ci])
             size = max(1, -(-len(group) // (4 * n_workers)))  # ~4 batches per CPU: balance vs overhead
             for i in range(0, len(group), size):
                 pending.append(remote.remote([trace_refs[ti]], cost_refs[ci], group[i:i + size], intervals))
+        stats["tasks"] = len(pending)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
-            yield from ray.get(ready[0])
+            node, results = ray.get(ready[0])
+            stats["nodes"][node] = stats["nodes"].get(node, 0) + 1
+            yield from results
     finally:
         if started:
             ray.shutdown()
+
+
+def ray_summary(stats: dict) -> str:
+    """One line: what a Ray sweep shipped and where it ran."""
+    if not stats.get("tasks"):
+        return "ray: nothing to run"
+    mb = stats["trace_bytes"] / 1e6
+    per_node = ", ".join(str(n) for n in sorted(stats["nodes"].values(), reverse=True))
+    return (f"ray: {stats['tasks']} tasks on {len(stats['nodes'])} node(s) ({per_node} per node); "
+            f"{stats['puts']} trace object(s), {mb:.1f} MB, put once and pulled once by each node")

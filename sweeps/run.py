@@ -42,6 +42,7 @@ class SweepOutcome:
     reused: int
     notes: list[str] = field(default_factory=list)
     output: Path | None = None
+    executor_stats: dict = field(default_factory=dict)  # Ray: what was shipped, where tasks ran
 
 
 def cost_key(cost) -> str:
@@ -243,7 +244,8 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
     for t in work:
         check_config(t.config, entries[t.trace].routing)
     routings = [e.routing if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
-    results = execute(work, routings, costs, jobs=jobs, executor=executor, ci=ci)
+    executor_stats: dict = {}
+    results = execute(work, routings, costs, jobs=jobs, executor=executor, ci=ci, stats=executor_stats)
     done = 0
     last_flush = time.monotonic()
     interrupted = False
@@ -281,7 +283,7 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
     mine = annotate(all_rows.filter(pl.col("row_key").is_in(keys)), grid.baseline, rank_by)
     layers = store.layers().filter(pl.col("row_key").is_in(keys))
     return SweepOutcome(mine, layers, computed=done, reused=reused, notes=notes,
-                        output=Path(output) if output is not None else None)
+                        output=Path(output) if output is not None else None, executor_stats=executor_stats)
 
 
 __all__ = ["run_sweep", "SweepOutcome", "Grid", "layers_path"]

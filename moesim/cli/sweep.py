@@ -161,6 +161,10 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     if account is not None:
         header["ci"] = account
     print_results(df, fmt, top, header, max_mass=max_mass, wide=wide)
+    if executor == "ray" and out.computed:
+        from moesim.sweeps.executors import ray_summary
+
+        click.echo(ray_summary(out.executor_stats), err=True)
     if out.output:
         click.echo(f"{len(df)} configs: {out.computed} computed, {out.reused} already in {out.output}; results in "
                    f"{out.output} and {layers_path(out.output)}", err=True)
