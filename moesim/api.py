@@ -18,6 +18,21 @@ import os
 from moesim.errors import MoesimError
 
 
+def _ci(ci, resamples: int | None, unit: str, method: str = "rotated"):
+    """A CI from the functions' ``ci=`` (a level in percent, or a CI) and ``ci_resamples``/``ci_unit``/
+    ``ci_method``."""
+    if ci is None:
+        return None
+    from moesim.simulator.bootstrap import CI, DEFAULT_RESAMPLES
+
+    if isinstance(ci, CI):
+        return ci
+    if isinstance(ci, bool) or not isinstance(ci, (int, float)):
+        raise MoesimError(f"ci must be a confidence level in percent (e.g. 95), got {ci!r}")
+    return CI(level=float(ci), resamples=DEFAULT_RESAMPLES if resamples is None else resamples, unit=unit,
+              method=method)
+
+
 def load_trace(path: str | os.PathLike, *, candidates: int | None = None):
     """Read, validate and decode a trace into a Routing (the arrays every replay shares). Decoded
     arrays are cached on disk by the file's content digest (MOESIM_DECODE_CACHE=0 turns it off)."""
@@ -31,7 +46,8 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
           reset_per_sequence: bool | None = None, hw=None, model: str | None = None, quant=None, config=None,
           output: str | os.PathLike | None = None, jobs: int | None = None, executor: str = "local",
           top: int | None = None, layers: bool = False, presets: bool = True, baseline: str | None = None,
-          rank_by: str = "class", max_mass: float | None = None, stream: bool | None = None):
+          rank_by: str = "class", max_mass: float | None = None, ci=None, ci_resamples: int | None = None,
+          ci_unit: str = "auto", ci_method: str = "rotated", stream: bool | None = None):
     """Rank a grid of policies on one trace (path or Routing) or a list of them, like ``moesim sweep``.
 
     Axes take a value or a list (budgets also a range "0.05:0.5:0.05" or {"start", "stop", "step"});
@@ -43,8 +59,11 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
     ``rank_by="class"`` lists the policies that always run the router's first choice first, "time" ranks
     by time alone; ``speedup`` divides the time per token of ``baseline`` (default: the fetch-all preset;
     or "EVICTION/MISS[/admit β]") by the row's. ``max_mass`` keeps the configs within that substituted
-    mass per step; ``top`` the best N of each group; ``layers=True`` returns (rows, per-layer rows);
-    ``stream``: replay a chunk of tokens at a time (None: traces too large to decode whole; docs/sweep.md)."""
+    mass per step; ``top`` the best N of each group; ``layers=True`` returns (rows, per-layer rows).
+    ``ci=95`` adds 95% confidence intervals: ``<statistic>_low``/``_high`` columns, ``overlaps_best`` and the
+    ci_* settings (docs/uncertainty.md); ``ci_resamples`` (default 1000), ``ci_unit`` (auto, sequence,
+    block) and ``ci_method`` (rotated, single) as --ci-resamples, --ci-unit and --ci-method. ``stream``: replay a
+    chunk of tokens at a time (None: traces too large to decode whole; docs/sweep.md)."""
     import polars as pl
 
     from moesim.sweeps.grid import grid_from_options
@@ -55,7 +74,7 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=hw,
                              model=model, quants=quant, presets=presets, baseline=baseline)
     out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor, rank_by=rank_by,
-                    stream=stream)
+                    ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     from moesim.sweeps.ranking import select_rows
 
     rows, _ = select_rows(out.rows, top, max_mass)
@@ -68,10 +87,11 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
              budget: float | None = None, slots: int | None = None, allocation: str = "per-layer",
              warm: bool = False, warmup_tokens: int = 0, reset_per_sequence: bool = False, batch: int = 1,
              hw: str | None = None, model: str | None = None, quant: str | None = None, layers: bool = False,
-             baseline: str = "fetch-all", stream: bool | None = None):
+             baseline: str = "fetch-all", ci=None, ci_resamples: int | None = None, ci_unit: str = "auto",
+             ci_method: str = "rotated", stream: bool | None = None):
     """Replay one policy, like ``moesim simulate``: a one-row DataFrame with the sweep's columns
     (the speed-up over ``baseline`` included when the trace is priced). ``layers=True`` returns (row,
-    per-layer rows). ``stream``: as in ``sweep``.
+    per-layer rows). ``ci=95`` fills the interval columns, as in ``sweep``; ``stream`` too.
     The raw replay (counters per layer and per token) is ``moesim.simulator.simulate``."""
     from moesim.simulator.config import SimConfig
     from moesim.sweeps.single import simulate_one
@@ -80,16 +100,18 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
         raise MoesimError("give budget= (fraction of experts) or slots= (per layer)")
     config = SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch)
-    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, baseline=baseline, stream=stream)
+    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, baseline=baseline,
+                       ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     return (one.row, one.layers) if layers else one.row
 
 
 def mrc(trace, *, evictions=None, allocations=None, slots=None, budgets=None, warmup_tokens: int = 0,
-        reset_per_sequence: bool = False, jobs: int | None = None, executor: str = "local", layers: bool = False):
+        reset_per_sequence: bool = False, jobs: int | None = None, executor: str = "local", layers: bool = False,
+        ci=None, ci_resamples: int | None = None, ci_unit: str = "auto", ci_method: str = "rotated"):
     """Hit rate at every cache size, like ``moesim mrc``: one row per (eviction, allocation, slots per
     layer). LRU covers every size 1..E exactly (one stack-distance pass); other evictions are
     replayed at ``slots`` / ``budgets`` (default budgets 1/64 .. 1/2). ``layers=True`` returns
-    (curve, per-layer rows)."""
+    (curve, per-layer rows). ``ci=95`` adds hit_rate_low/high and the ci_* settings to the curve rows."""
     from moesim.sweeps.grid import axis
     from moesim.sweeps.mrc import mrc as _mrc
 
@@ -100,5 +122,5 @@ def mrc(trace, *, evictions=None, allocations=None, slots=None, budgets=None, wa
                       slots=axis("slots", values(slots)) if slots is not None else None,
                       budgets=axis("budgets", values(budgets)) if budgets is not None else None,
                       warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, jobs=jobs,
-                      executor=executor)
+                      executor=executor, ci=_ci(ci, ci_resamples, ci_unit, ci_method))
     return (curve, lay) if layers else curve

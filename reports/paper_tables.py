@@ -30,14 +30,26 @@ class PaperTable:
     caption: str
     frame: object                  # polars DataFrame, raw values
     formats: dict = field(default_factory=dict)  # column -> format spec for the rounded cells, e.g. ".1f"
+    # column -> (low column, high column) of its confidence interval: the CSV keeps all three, the
+    # rounded cells show "value±half-width" in the column itself
+    intervals: dict = field(default_factory=dict)
 
     def table(self):
-        from moesim.reports.tables import Column, Table, latex_escape
+        from moesim.reports.tables import Column, Table, latex_escape, with_interval
 
+        bounds = {c for pair in self.intervals.values() for c in pair}
+        shown = [c for c in self.frame.columns if c not in bounds]
         cols = [Column(c, c, align="r" if (self.frame[c].dtype.is_numeric() or c == PPL_COLUMN) else "l",
-                       latex=_latex_header(c, latex_escape), wrap=WRAP.get(c)) for c in self.frame.columns]
-        cells = [[cell_text(row[c], self.formats.get(c)) for c in self.frame.columns]
-                 for row in self.frame.iter_rows(named=True)]
+                       latex=_latex_header(c, latex_escape), wrap=WRAP.get(c)) for c in shown]
+
+        def text(row, c):
+            value = cell_text(row[c], self.formats.get(c))
+            if c not in self.intervals:
+                return value
+            lo, hi = (row[x] for x in self.intervals[c])
+            return with_interval(value, lambda v: cell_text(float(v), self.formats.get(c)), lo, hi)
+
+        cells = [[text(row, c) for c in shown] for row in self.frame.iter_rows(named=True)]
         return Table(self.title, cols, cells, self.caption)
 
     def markdown(self) -> str:
@@ -86,30 +98,61 @@ def cell_text(value, fmt: str | None = None) -> str:
     return str(value)
 
 
-def baseline_hit_rates(routing, budgets) -> dict[float, dict[str, float]]:
+def baseline_hit_rates(routing, budgets, ci=None, intervals: dict | None = None) -> dict[float, dict[str, float]]:
     """Fetch-all hit rate of LRU, LFU, static and Belady at each budget (cold start, per-layer caches):
-    the profile's Table 3 (reports/profile.py cache_hit_rates) at every budget."""
+    the profile's Table 3 (reports/profile.py cache_hit_rates) at every budget. With ``ci``, their
+    intervals go into ``intervals`` (budget -> eviction -> (low, high))."""
     from moesim.reports.profile import cache_hit_rates
 
-    return {float(b): cache_hit_rates(routing, budget=float(b), evictions=BASELINE_EVICTIONS)["hit_rate"]
-            for b in budgets}
+    out = {}
+    for b in budgets:
+        found = cache_hit_rates(routing, budget=float(b), evictions=BASELINE_EVICTIONS, ci=ci)
+        out[float(b)] = found["hit_rate"]
+        if intervals is not None and ci is not None:
+            intervals[float(b)] = found["hit_rate_interval"]
+    return out
 
 
-def routing_profile_table(prof: dict, hit_rates: dict[float, dict[str, float]]) -> PaperTable:
+def _bounds(name: str) -> tuple[str, str]:
+    return f"{name} low", f"{name} high"
+
+
+def ci_sentence(level: float, units: str, resamples: int, method: str | None = None) -> str:
+    from moesim.simulator.bootstrap import method_note
+
+    return (f"Value±half of its {level:g}% confidence interval (the CSV has both bounds): a percentile bootstrap over "
+            f"{units}, {resamples} resamples; {method_note(method)}.")
+
+
+def routing_profile_table(prof: dict, hit_rates: dict[float, dict[str, float]],
+                          hit_intervals: dict[float, dict[str, tuple | None]] | None = None) -> PaperTable:
     """One row per budget: the trace's reuse and working set (the same on every row) and the
-    fetch-all hit rates of the baseline evictions at that budget (all in %)."""
+    fetch-all hit rates of the baseline evictions at that budget (all in %). With the profile's
+    intervals (``prof["ci"]``) and ``hit_intervals`` (budget -> eviction -> (low, high) as fractions), the
+    cells show value±half-width and the frame has the bounds."""
     import polars as pl
 
+    civ = (prof.get("ci") or {}).get("intervals", {})
     rows = []
+    intervals: dict[str, tuple[str, str]] = {}
     for b in sorted(hit_rates):
         h = hit_rates[b]
-        rows.append({
+        row = {
             "budget (%)": 100 * b,
             "reuse next": prof["reuse_next_token"],
             "reuse chance": prof["reuse_chance_marginal"],
             "WS95 (%)": 100 * prof["working_set_95"],
             **{HIT_COLUMNS[ev]: 100 * h[ev] for ev in BASELINE_EVICTIONS},
-        })
+        }
+        if "reuse_next_token" in civ:
+            intervals["reuse next"] = _bounds("reuse next")
+            row.update(zip(intervals["reuse next"], civ["reuse_next_token"]))
+        for ev in BASELINE_EVICTIONS:
+            iv = (hit_intervals or {}).get(b, {}).get(ev)
+            if hit_intervals:
+                intervals[HIT_COLUMNS[ev]] = _bounds(HIT_COLUMNS[ev])
+                row.update(zip(intervals[HIT_COLUMNS[ev]], [None, None] if iv is None else [100 * x for x in iv]))
+        rows.append(row)
     frame = pl.DataFrame(rows)
     formats = {c: ".1f" for c in frame.columns if "(%" in c}
     formats.update({"reuse next": ".3f", "reuse chance": ".3f"})
@@ -123,7 +166,12 @@ def routing_profile_table(prof: dict, hit_rates: dict[float, dict[str, float]]) 
                "replays with per-layer caches of the given budget, cold start; static pins each layer's most "
                "requested experts over the whole trace and Belady is the offline optimum (both use future "
                "knowledge).")
-    return PaperTable("routing_profile", "Routing profile and baseline hit rates", caption, frame, formats)
+    if intervals and prof.get("ci"):
+        c = prof["ci"]
+        caption += " " + ci_sentence(c["level"], c["described"], c["resamples"], c.get("cache_method")) + \
+            " Reuse chance and WS95 have no interval (docs/uncertainty.md)."
+    formats.update({b: formats.get(c, ".4g") for c, pair in intervals.items() for b in pair})
+    return PaperTable("routing_profile", "Routing profile and baseline hit rates", caption, frame, formats, intervals)
 
 
 def policy_rows(configs):
@@ -169,9 +217,18 @@ def policy_table(configs, *, model: str, synthetic: bool, priced_as: str | None)
     if unfit:
         out["fits"] = ["" if f is None else ("yes" if f else "NO") for f in fits]
     out[PPL_COLUMN] = [None] * len(rows)
+    intervals: dict[str, tuple[str, str]] = {}
+    if "hit_rate_low" in rows.columns and rows["hit_rate_low"].is_not_null().any():
+        for col, (name, scale) in _POLICY_INTERVALS.items():
+            if col not in out:
+                continue
+            intervals[col] = _bounds(col)
+            for side, bound in zip(("low", "high"), intervals[col]):
+                out[bound] = [None if v is None else scale * v for v in rows[f"{name}_{side}"].to_list()]
     frame = pl.DataFrame(out, schema_overrides={PPL_COLUMN: pl.Utf8})
     formats = {"budget (%)": ".1f", "hit (%)": ".1f", "subst. (%)": ".1f", "drop (%)": ".1f", "mass/step": ".4f",
                "ms/token": ".2f", "speed-up (×)": ".2f"}
+    formats.update({b: formats[c] for c, pair in intervals.items() for b in pair})
     baselines = sorted({b for b in rows["baseline"].to_list() if b}) if "baseline" in rows.columns else []
     caption = (f"Expert-caching policies for {model}"
                + (" (SYNTHETIC trace, not recorded from the model)" if synthetic else "")
@@ -189,7 +246,21 @@ def policy_table(configs, *, model: str, synthetic: bool, priced_as: str | None)
                   "experts; their times describe a machine that does not exist. " if unfit else "")
                # ASCII only: pdflatex rejects a bare Δ in running text
                + "The last column is left empty for the perplexity change measured with the real model.")
-    return PaperTable("policies", "Policies: substitution, mass and time per token", caption, frame, formats)
+    if intervals:
+        from moesim.simulator.units import describe
+
+        r = rows.filter(pl.col("ci_units").is_not_null()).row(0, named=True)
+        units = describe(r["ci_unit"], r["ci_units"], r["ci_block_steps"], "batch step" if r["batch"] > 1 else "token")
+        caption += " " + ci_sentence(r["ci_level"], units, r["ci_resamples"], r.get("ci_method")) + \
+            " Speed-up intervals are paired: the baseline is resampled with the same units."
+    return PaperTable("policies", "Policies: substitution, mass and time per token", caption, frame, formats,
+                      intervals)
+
+
+# policy-table column -> (sweep statistic, scale) of its interval
+_POLICY_INTERVALS = {"hit (%)": ("hit_rate", 100.0), "subst. (%)": ("substitution_rate", 100.0),
+                     "drop (%)": ("drop_rate", 100.0), "mass/step": ("mass_per_step", 1.0),
+                     "ms/token": ("s_per_token", 1e3), "speed-up (×)": ("speedup", 1.0)}
 
 
 __all__ = ["PaperTable", "cell_text", "baseline_hit_rates", "HIT_COLUMNS",

@@ -103,20 +103,30 @@ class Placement:
         return json.dumps(self.document(), indent=2) + "\n"
 
 
+def with_interval(e: dict, name: str, scale: float, spec: str) -> str:
+    """Expected value ``name`` x ``scale``, with ±half its interval when there is one."""
+    text = format(scale * e[name], spec)
+    iv = e.get("intervals", {}).get(name)
+    return f"{text}±{format(scale * (iv[1] - iv[0]) / 2, spec)}" if iv else text
+
+
 def _expected_line(e: dict) -> str:
     if not e:
         return "no replay"
-    s = f"expected hit rate {100 * e['hit_rate']:.1f}% (replay, misses computed on the CPU)"
+    s = f"expected hit rate {with_interval(e, 'hit_rate', 100, '.1f')}% (replay, misses computed on the CPU)"
     if e.get("ms_per_token") is not None:
-        s += f", {e['ms_per_token']:.2f} ms/token priced as {e['priced_as']}"
+        s += f", {with_interval(e, 'ms_per_token', 1, '.2f')} ms/token priced as {e['priced_as']}"
+    if e.get("intervals"):
+        s += f" (±: half the {e['ci_level']:g}% interval over {e['ci_units']}, docs/uncertainty.md)"
     return s
 
 
 def placement(trace, *, budget: float | None = None, slots: int | None = None, policy: str = "static-layers",
               allocation: str = "per-layer", hw: str | None = None, model: str | None = None,
-              quant: str | None = None, engine: str | None = None) -> Placement:
+              quant: str | None = None, engine: str | None = None, ci=None) -> Placement:
     """The placement a static policy keeps on the GPU for ``trace`` (a path or a Routing) and what the
-    replay expects of it (misses computed on the CPU, as a static llama.cpp placement runs them)."""
+    replay expects of it (misses computed on the CPU, as a static llama.cpp placement runs them); with
+    ``ci`` (a simulator.bootstrap.CI), the intervals of the hit rate and the time (docs/uncertainty.md)."""
     name = registry.parse_eviction(policy)[0]
     if name not in POLICIES:
         raise MoesimError(f"export needs a static placement policy ({' or '.join(POLICIES)}), got {policy!r}")
@@ -135,10 +145,17 @@ def placement(trace, *, budget: float | None = None, slots: int | None = None, p
     cpu_blocks = [layer for layer in layers if not gpu[layer]] if name == "static-layers" else []
     if engine is None and name == "static-layers":
         engine = "llama.cpp"
-    one = simulate_one(routing, config, hw=hw, model=model, quant=quant, engine=engine)
+    one = simulate_one(routing, config, hw=hw, model=model, quant=quant, engine=engine, ci=ci)
     row = one.row.row(0, named=True)
     expected = {"hit_rate": row["hit_rate"], "ms_per_token": row["ms_per_token"], "tok_per_s": row["tok_per_s"],
                 "priced_as": one.priced_as, "replayed_as": config.label()}
+    if ci is not None:
+        from moesim.simulator.units import describe
+
+        expected.update(ci_level=ci.level, ci_units=describe(row["ci_unit"], row["ci_units"], row["ci_block_steps"]),
+                        intervals={k: [row[f"{k}_low"], row[f"{k}_high"]] for k in ("hit_rate", "ms_per_token",
+                                                                                    "tok_per_s")
+                                   if row.get(f"{k}_low") is not None})
     return Placement(trace=entry.name, model_id=routing.meta.model_id, synthetic=routing.synthetic, policy=policy,
                      slots_per_layer=slots_n, budget=budget, layers=layers, gpu_experts=gpu, cpu_blocks=cpu_blocks,
                      expected=expected)

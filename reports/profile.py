@@ -42,6 +42,15 @@ def reuse_per_layer(sel: np.ndarray, pairs: np.ndarray) -> np.ndarray:
     return shared / (len(pairs) * k)
 
 
+def shared_per_pair(sel: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+    """[pairs]: |S_t ∩ S_t+1| summed over layers, for each consecutive pair t."""
+    out = np.zeros(len(pairs), dtype=np.int64)
+    for start in range(0, len(pairs), _PAIR_BLOCK):
+        p = pairs[start:start + _PAIR_BLOCK]
+        out[start:start + len(p)] = (sel[p][:, :, :, None] == sel[p + 1][:, :, None, :]).sum(axis=(1, 2, 3))
+    return out
+
+
 def working_set(counts: np.ndarray, share: float = WORKING_SET_SHARE) -> np.ndarray:
     """[L]: the fewest experts whose requests cover >= share of the layer's requests."""
     srt = -np.sort(-counts, axis=1)
@@ -107,17 +116,76 @@ def gate_stats(w: np.ndarray) -> dict:
     }
 
 
-def profile(routing: Routing, trace: str | None = None) -> dict:
-    """The routing profile of a decoded trace as a JSON-ready dict (keys: docs/profile.md)."""
+def profile(routing: Routing, trace: str | None = None, ci=None) -> dict:
+    """The routing profile of a decoded trace as a JSON-ready dict (keys: docs/profile.md); with ``ci``
+    (a simulator.bootstrap.CI), the intervals of ``profile_intervals`` under the key ``ci``."""
     r = routing
     T, L, k = r.sel.shape
     E = r.n_experts
     counts = expert_counts(r.sel, E)
-    reuse = reuse_per_layer(r.sel, consecutive_pairs(r.seq, r.pos))
+    pairs = consecutive_pairs(r.seq, r.pos)
+    reuse = reuse_per_layer(r.sel, pairs)
     path = trace if trace is not None else (str(r.path) if r.path is not None else None)
     doc = _from_counts(r.meta, counts, reuse, path)
     doc.update(sequences=int(r.n_sequences), domain_similarity=domain_similarity(r), gate=gate_stats(r.w))
+    if ci is not None:
+        doc["ci"] = profile_intervals(r, ci, pairs)
     return doc
+
+
+PROFILE_METHOD = ("percentile bootstrap over units of the trace: the reuse and gate statistics are sums over its "
+                  "tokens (no replay); the cache hit rates come from replays, units re-weighted, not re-replayed in a "
+                  "new order (cache_method: how each unit's cache state was counted)")
+# The profile's statistics without an interval, and why (docs/uncertainty.md).
+NO_INTERVAL = {
+    "reuse_chance_marginal": "a sum of squared expert frequencies, not a ratio of sums over units; a resample that "
+                             "repeats a unit inflates it",
+    "working_set_95": "a quantile of the expert-count distribution, not a ratio of sums over units; a resample that "
+                      "repeats a unit shrinks it",
+    "domain_similarity": "domains are nested in sequences: resampling sequences changes which domains are compared",
+    "layers": "per-layer values: only the trace-wide statistics get intervals",
+}
+
+
+def profile_intervals(r: Routing, ci, pairs: np.ndarray | None = None) -> dict:
+    """Percentile-bootstrap intervals of the profile's ratio statistics over the trace's sequences (blocks of
+    tokens for a single sequence; simulator/units.py): the reuse at the next token (shared experts / (pairs x
+    L x k), each pair in the unit of its first token) and the two gate statistics (per step and per
+    selected expert); the others are listed in ``without_interval`` with the reason."""
+    from moesim.simulator.bootstrap import SEED, percentile_interval, ratio, resampled_sums
+    from moesim.simulator.units import assign
+
+    T, L, k = r.sel.shape
+    units = assign(r.seq, 0, ci.unit)
+    pairs = consecutive_pairs(r.seq, r.pos) if pairs is None else pairs
+    ids = units.ids
+
+    def per_unit(index, values):
+        return np.bincount(ids[index], weights=np.asarray(values, np.float64), minlength=units.n)
+
+    tokens = np.arange(T)
+    w = np.asarray(r.w, np.float64)
+    cols = np.stack([
+        per_unit(pairs, shared_per_pair(r.sel, pairs)), per_unit(pairs, np.full(len(pairs), L * k)),
+        per_unit(tokens, w[:, :, 0].sum(axis=1)), per_unit(tokens, np.full(T, L)),
+        per_unit(tokens, (w >= GATE_THRESHOLD).sum(axis=(1, 2))), per_unit(tokens, np.full(T, L * k)),
+    ], axis=1)
+    out: dict = {"level": ci.level, "resamples": ci.resamples, "seed": SEED, "unit": units.kind, "units": units.n,
+                 "block_steps": units.block_steps, "described": units.describe(), "method": PROFILE_METHOD,
+                 "cache_method": ci.method,
+                 "intervals": {}, "without_interval": dict(NO_INTERVAL)}
+    if units.n < 2:
+        from moesim.reports.tables import single_unit
+
+        out["no_interval"] = single_unit(units.kind, units.describe())
+        return out
+    reps = resampled_sums(cols, ci.resamples)
+    names = ("reuse_next_token", "gate.mean_first_choice_weight", f"gate.fraction_weight_ge_{GATE_THRESHOLD}")
+    for i, name in enumerate(names):
+        iv = percentile_interval(ratio(reps[:, 2 * i], reps[:, 2 * i + 1]), ci.level)
+        if iv is not None:
+            out["intervals"][name] = list(iv)
+    return out
 
 
 def _from_counts(meta, counts: np.ndarray, reuse: np.ndarray, path) -> dict:
@@ -157,22 +225,35 @@ TABLE3_EVICTIONS = ("lru", "lfu", "static", "belady")
 
 
 def cache_hit_rates(routing: Routing, budget: float | None = None, slots: int | None = None,
-                    evictions=TABLE3_EVICTIONS) -> dict:
+                    evictions=TABLE3_EVICTIONS, ci=None) -> dict:
     """The second study's Table 3: the fetch-all hit rate of each eviction at one budget,
-    overall and per layer (cold start, one cache per layer, every sequence back to back)."""
+    overall and per layer (cold start, one cache per layer, every sequence back to back). With ``ci``,
+    ``hit_rate_interval`` holds each eviction's [low, high] from its replay's hits per unit."""
     from moesim.simulator import SimConfig, simulate
+    from moesim.simulator.rotation import warm_unit_sums
+    from moesim.simulator.units import replay_intervals, replay_units
 
     rows: dict[int, dict[str, float]] = {}
     overall: dict[str, float] = {}
+    intervals: dict[str, list | None] = {}
     n_slots = None
     for ev in evictions:
-        res = simulate(routing, SimConfig(eviction=ev, miss="fetch-all", budget=budget, slots=slots))
+        config = SimConfig(eviction=ev, miss="fetch-all", budget=budget, slots=slots)
+        res = simulate(routing, config)
         n_slots = res.slots_per_layer
         overall[ev] = res.totals()["hit_rate"]
         for row in res.layer_rows():
             rows.setdefault(row["layer"], {"layer": row["layer"]})[ev] = row["hit_rate"]
-    return {"budget": budget, "slots_per_layer": n_slots, "miss": "fetch-all", "hit_rate": overall,
-            "layers": list(rows.values())}
+        if ci is not None:
+            sums, offset, _ = warm_unit_sums(routing, config, replay_units(routing, config, ci.unit), res,
+                                             method=ci.method)
+            iv = replay_intervals(sums, ci, timed=False, offset=offset)["hit_rate"]
+            intervals[ev] = list(iv) if iv is not None else None
+    out: dict[str, object] = {"budget": budget, "slots_per_layer": n_slots, "miss": "fetch-all",
+                               "hit_rate": overall, "layers": list(rows.values())}
+    if ci is not None:
+        out["hit_rate_interval"] = intervals
+    return out
 
 
 def _num(x) -> float | None:
@@ -180,10 +261,11 @@ def _num(x) -> float | None:
     return x if np.isfinite(x) else None
 
 
-def profile_trace(path, budget: float | None = None, slots: int | None = None) -> dict:
+def profile_trace(path, budget: float | None = None, slots: int | None = None, ci=None) -> dict:
     """Load (selections and weights only) and profile a trace file; with a budget (or
     slots), add the Table-3 hit rates under ``cache``. A frequency-only trace (expert
-    counts without time order) gets the statistics counts allow: no reuse, gate or cache."""
+    counts without time order) gets the statistics counts allow: no reuse, gate or cache.
+    ``ci`` (a simulator.bootstrap.CI) adds intervals (``profile``, ``cache_hit_rates``)."""
     from moesim.errors import MoesimError
     from moesim.traces.reader import TraceFile
     from moesim.traces.routing import decode
@@ -194,16 +276,22 @@ def profile_trace(path, budget: float | None = None, slots: int | None = None) -
         if budget is not None or slots is not None:
             raise MoesimError(f"{path}: a frequency-only trace has no time order, so cache hit rates cannot be "
                               "replayed; profile it without --budget/--slots")
+        if ci is not None:
+            raise MoesimError(f"{path}: a frequency-only trace has only expert counts, no sequences or tokens to "
+                              "resample; profile it without --ci")
         counts = file_counts(tf)
         return _from_counts(tf.meta, counts, np.full(counts.shape[0], np.nan), str(path))
     # The profile needs only the k selected experts; keeping k candidates saves memory on wide traces.
     routing = decode(tf, candidates=tf.meta.top_k)
-    doc = profile(routing, trace=str(path))
+    doc = profile(routing, trace=str(path), ci=ci)
     if budget is not None or slots is not None:
-        doc["cache"] = cache_hit_rates(routing, budget, slots)
+        doc["cache"] = cache_hit_rates(routing, budget, slots, ci=ci)
+    if ci is not None:  # the interval object last, after cache: the documented key order stays a prefix
+        doc["ci"] = doc.pop("ci")
     return doc
 
 
-__all__ = ["profile", "profile_trace", "cache_hit_rates", "expert_counts", "consecutive_pairs", "reuse_per_layer",
+__all__ = ["profile", "profile_trace", "cache_hit_rates", "profile_intervals", "shared_per_pair", "NO_INTERVAL",
+           "expert_counts", "consecutive_pairs", "reuse_per_layer",
            "working_set",
            "domain_similarity", "gate_stats"]

@@ -189,30 +189,37 @@ def _preset_series(routing, budget: float, window: int):
     return pl.concat(frames)
 
 
-def hit_rate_curve(routing, sizes: list[float]):
+def hit_rate_curve(routing, sizes: list[float], ci=None):
     """Fetch-all hit rate per eviction from ``moesim mrc``'s library: LRU at every size in one
     stack-distance pass, the other evictions replayed at mrc's default budgets plus ``sizes``.
-    Returns (frame: eviction, size, hit_rate, method; a sentence saying how it was computed)."""
+    Returns (frame: eviction, size, hit_rate, method, and hit_rate_low/high with ``ci``; a sentence
+    saying how it was computed)."""
     import polars as pl
 
     from moesim.sweeps.mrc import DEFAULT_BUDGETS as MRC_BUDGETS
     from moesim.sweeps.mrc import mrc
 
     grid = sorted(set(MRC_BUDGETS) | {float(b) for b in sizes})
-    curve, _ = mrc(routing, allocations=["per-layer"], budgets=grid)
+    curve, _ = mrc(routing, allocations=["per-layer"], budgets=grid, ci=ci)
     top = max(grid) + 1e-9
     # LRU comes at every size up to E: cut it where the replayed curves end, so all share the x range
+    bounds = ["hit_rate_low", "hit_rate_high"] if ci is not None else []
     curve = curve.filter(pl.col("budget") <= top).select(
-        "eviction", pl.col("budget").alias("size"), "hit_rate", "method")
-    return curve, "moesim mrc: LRU by stack distances at every size, the others replayed at the marked points"
+        "eviction", pl.col("budget").alias("size"), "hit_rate", "method", *bounds)
+    source = "moesim mrc: LRU by stack distances at every size, the others replayed at the marked points"
+    if ci is not None and curve["hit_rate_low"].is_not_null().any():
+        source += f"; {ci.level:g}% intervals"
+    return curve, source
 
 
 def build_report(out: str | os.PathLike, *, results=None,
                  trace: str | os.PathLike | None = None, budgets: list[float] | None = None,
                  title: str | None = None, progress=None, baseline: str | None = None,
-                 quality=None) -> dict:
+                 quality=None, ci=None) -> dict:
     """Write a report directory at ``out`` from sweep ``results`` (a results.parquet, or a SweepOutcome)
-    and/or a ``trace``; returns the manifest.
+    and/or a ``trace``; returns the manifest. Sweep rows with intervals (``--ci``) show them in the
+    tables and as error bars; ``ci`` (a simulator.bootstrap.CI) adds them to what the report computes
+    from the trace (hit-rate curve, routing profile).
 
     With results but no trace, the trace the sweep recorded is used when it still exists (and has the
     same digest); otherwise the trace-based charts are left out with a note."""
@@ -250,7 +257,7 @@ def build_report(out: str | os.PathLike, *, results=None,
     with atomic_dir(out, inputs=inputs) as tmp:
         (tmp / "charts").mkdir(parents=True)
         (tmp / "tables").mkdir()
-        figures, tables = _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say)
+        figures, tables = _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say, ci)
         if qual is not None:
             figures += _quality_figures(qual, notes)
         manifest = _write(tmp, out, figures, tables, sweep=sweep, routing=routing, model=model,
@@ -310,7 +317,7 @@ def _recorded_trace(sweep: SweepData, notes: list[str]):
     return r
 
 
-def _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say):
+def _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say, ci=None):
     import polars as pl
 
     from moesim.reports import charts_sweep as cs
@@ -322,11 +329,12 @@ def _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say):
         rows = sweep.rows
         say("charts from the sweep")
         if routing is not None:
-            curve, source = hit_rate_curve(routing, budgets)
+            curve, source = hit_rate_curve(routing, budgets, ci)
         else:
             curve = rows.filter((pl.col("miss") == "fetch-all") & pl.col("admit").is_null() & (pl.col("batch") == 1)
                                 & pl.col("budget").is_not_null() & (pl.col("allocation") == "per-layer")) \
-                .select("eviction", "size", "hit_rate").unique(["eviction", "size"]).sort("eviction", "size")
+                .select("eviction", "size", "hit_rate", "hit_rate_low", "hit_rate_high") \
+                .unique(["eviction", "size"]).sort("eviction", "size")
             source = "the sweep's fetch-all rows"
         if curve.height:
             figures.append(cs.hit_rate_curve_chart(curve, synthetic=synthetic, source=source, marks=budgets))
@@ -345,25 +353,28 @@ def _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say):
 
         say("profile and per-token replays of the trace")
         if sweep is None:
-            curve, source = hit_rate_curve(routing, budgets)
+            curve, source = hit_rate_curve(routing, budgets, ci)
             figures.append(cs.hit_rate_curve_chart(curve, synthetic=synthetic, source=source, marks=budgets))
         focus = _focus(budgets) or FOCUS_SIZE
         window = ct.rolling_window(routing.n_tokens)
         series = _preset_series(routing, focus, window)
         figures.append(ct.rolling_chart(series, ct.domain_segments(routing), synthetic=synthetic, window=window,
                                         budget_note=f"budget {100 * focus:g}%"))
-        prof = profile(routing)
+        prof = profile(routing, ci=ci)
         if len(prof["domain_similarity"]["domains"]) > 1:
             figures.append(ct.similarity_chart(prof["domain_similarity"], synthetic=synthetic))
         else:
             notes.append("the trace has fewer than two domains: no expert-overlap chart")
         figures.append(ct.gate_chart(routing.w, synthetic=synthetic))
-        tables.insert(0, pt.routing_profile_table(prof, _baselines(sweep, routing, budgets)))
+        hit_intervals: dict = {}
+        hits = _baselines(sweep, routing, budgets, ci, hit_intervals)
+        tables.insert(0, pt.routing_profile_table(prof, hits, hit_intervals if ci is not None else None))
     return figures, tables
 
 
-def _baselines(sweep, routing, budgets):
-    """LRU/LFU/static/Belady fetch-all hit rates per budget: the sweep's rows where it has them."""
+def _baselines(sweep, routing, budgets, ci=None, intervals: dict | None = None):
+    """LRU/LFU/static/Belady fetch-all hit rates per budget: the sweep's rows where it has them (with
+    ``ci``: where they have intervals too). Their intervals go into ``intervals``."""
     import polars as pl
 
     from moesim.reports.paper_tables import BASELINE_EVICTIONS, baseline_hit_rates
@@ -371,18 +382,22 @@ def _baselines(sweep, routing, budgets):
     out = {}
     missing = []
     for b in budgets:
-        got = {}
+        got, bounds = {}, {}
         if sweep is not None:
             r = sweep.rows.filter((pl.col("budget") == b) & (pl.col("miss") == "fetch-all") & pl.col("admit").is_null()
                                   & (pl.col("batch") == 1) & (pl.col("allocation") == "per-layer")
                                   & ~pl.col("warm") & (pl.col("warmup_tokens") == 0)
                                   & pl.col("eviction").is_in(list(BASELINE_EVICTIONS)))
             got = dict(zip(r["eviction"].to_list(), r["hit_rate"].to_list()))
-        if set(got) >= set(BASELINE_EVICTIONS):
+            bounds = {e: (lo, hi) for e, lo, hi in r.select("eviction", "hit_rate_low", "hit_rate_high").rows()
+                      if lo is not None and hi is not None}
+        if set(got) >= set(BASELINE_EVICTIONS) and (ci is None or set(bounds) >= set(BASELINE_EVICTIONS)):
             out[b] = got
+            if intervals is not None:
+                intervals[b] = bounds
         else:
             missing.append(b)
-    out.update(baseline_hit_rates(routing, missing))
+    out.update(baseline_hit_rates(routing, missing, ci, intervals))
     return out
 
 

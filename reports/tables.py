@@ -25,6 +25,7 @@ class Column:
     align: str = "r"  # r | l
     latex: str | None = None  # header in LaTeX, when it needs markup
     wrap: str | None = None  # LaTeX: a paragraph column of this width (e.g. "2.4cm") whose cells wrap at spaces
+    ci: bool = False  # show "value±half-width" when the row has <key>_low and <key>_high
 
 
 @dataclass
@@ -67,8 +68,24 @@ def _fits(v) -> str:
     return "" if v is None else ("yes" if v else "NO")
 
 
+PM = "±"
+APPROX = "≈"
+
+
+def with_interval(text: str, fmt: Callable[[object], str], low, high) -> str:
+    """``text`` (a formatted value) followed by ±half the interval's width in the same format."""
+    if low is None or high is None or text == "-" or not (math.isfinite(low) and math.isfinite(high)):
+        return text
+    return f"{text}{PM}{fmt((high - low) / 2)}"
+
+
+def cell(r: dict, c: Column) -> str:
+    text = c.fmt(r.get(c.key))
+    return with_interval(text, c.fmt, r.get(f"{c.key}_low"), r.get(f"{c.key}_high")) if c.ci else text
+
+
 def cells(rows: list[dict], columns: list[Column]) -> list[list[str]]:
-    return [[c.fmt(r.get(c.key)) for c in columns] for r in rows]
+    return [[cell(r, c) for c in columns] for r in rows]
 
 
 # ---------------------------------------------------------------------------------------------- renderers
@@ -118,7 +135,8 @@ def to_markdown(t: Table) -> str:
 
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", PM: r"$\pm$",
+                  APPROX: r"$\approx$"}
 
 
 def latex_escape(s: str) -> str:
@@ -156,6 +174,11 @@ def to_latex(t: Table, label: str | None = None) -> str:
     caption = ". ".join(latex_escape(x.rstrip(".")) for x in [t.title, *t.lines, t.note] if x) + "."
 
     def cell(v: str, c: Column) -> str:
+        if PM in v and not c.wrap:
+            # value over its ±half-width, smaller: a column of intervals stays as narrow as its numbers
+            value, _, half = v.partition(PM)
+            return (rf"\begin{{tabular}}[t]{{@{{}}{c.align}@{{}}}}{latex_escape(value)}\\"
+                    rf"{{\scriptsize$\pm${latex_escape(half)}}}\end{{tabular}}")
         return (r"\raggedright " if c.wrap and v else "") + latex_escape(v)
 
     out = [r"% moesim table: needs \usepackage{graphicx} (\resizebox: only if wider than the text)",
@@ -195,15 +218,17 @@ PRICED_COLUMNS = [
     Column("rank", "#", _text),
     Column("policy", "policy", _text, "l", wrap="2.3cm"),
     Column("preset", "preset", _text, "l", wrap="1.35cm"),
-    Column("ms_per_token", "ms/tok", _f(".2f"), latex="ms per\ntoken"),
-    Column("speedup", "speed-up", _f(".2f"), latex=r"speed-up ($\times$)"),
-    Column("hit_rate", "hit%", _f(".1f", 100), latex=r"hit (\%)"),
-    Column("substitution_rate", "subst%", _f(".2f", 100), latex=r"subst. (\%)"),
-    Column("drop_rate", "drop%", _f(".2f", 100), latex=r"drop (\%)"),
-    Column("mass_per_step", "mass/step", _f(".4f"), latex="mass\nper step"),
+    Column("ms_per_token", "ms/tok", _f(".2f"), latex="ms per\ntoken", ci=True),
+    Column("speedup", "speed-up", _f(".2f"), latex=r"speed-up ($\times$)", ci=True),
+    Column("hit_rate", "hit%", _f(".1f", 100), latex=r"hit (\%)", ci=True),
+    Column("substitution_rate", "subst%", _f(".2f", 100), latex=r"subst. (\%)", ci=True),
+    Column("drop_rate", "drop%", _f(".2f", 100), latex=r"drop (\%)", ci=True),
+    Column("mass_per_step", "mass/step", _f(".4f"), latex="mass\nper step", ci=True),
     Column("keeps_first_choice", "1st choice", _kept, "l", latex="1st\nchoice"),
     Column("pareto", "Pareto", _flag, "l"),
 ]
+# With intervals: whether this trace resolves the row's time (hit rate, unpriced) from its class's best.
+VS_BEST_COLUMN = Column("vs_best", "vs best", _text, "l", latex="vs\nbest")
 DPPL_COLUMN = Column("dppl_shown", "dppl %", lambda v: "-" if v is None else str(v), latex=r"$\Delta$ppl \%")
 
 
@@ -229,9 +254,9 @@ NOTE_COLUMNS = ("subst% = requests served by a substitute expert; drop% = reques
                 "perplexity increase within this class only); may lose = it may substitute or drop it.")
 
 
-def columns_for(priced: bool, wide: bool, any_unfit: bool) -> list[Column]:
+def columns_for(priced: bool, wide: bool, any_unfit: bool, intervals: bool = False) -> list[Column]:
     cols = PRICED_COLUMNS[:-1] + (WIDE_COLUMNS if wide else []) + ([FITS_COLUMN] if any_unfit or wide else []) \
-        + PRICED_COLUMNS[-1:]
+        + PRICED_COLUMNS[-1:] + ([VS_BEST_COLUMN] if intervals else [])
     if not priced:
         cols = [c for c in cols if c.key not in _TIME_KEYS and c.key != "fits_in_vram"]
     return cols
@@ -284,20 +309,76 @@ def pricing_lines(members: list[dict]) -> list[str]:
     return lines
 
 
-def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict | None = None) -> list[Table]:
+def ci_line(members: list[dict]) -> str | None:
+    """What the ± and the vs-best column of a group's table mean, or None without intervals."""
+    from moesim.simulator.bootstrap import method_note
+    from moesim.simulator.units import describe
+
+    with_ci = [m for m in members if m.get("ci_level") is not None and m.get("ci_units")]
+    if not with_ci:
+        return None
+    r = with_ci[0]
+    units = describe(r["ci_unit"], r["ci_units"], r["ci_block_steps"], "batch step" if r["batch"] > 1 else "token")
+    if r["ci_units"] < 2:
+        return f"no {r['ci_level']:g}% interval: {single_unit(r['ci_unit'], units)}"
+    what = "time" if r["priced"] else "hit-rate"
+    few = " (few units: a coarse interval)" if r["ci_units"] < FEW_UNITS else ""
+    missing = f"; {len(members) - len(with_ci)} rows without intervals" if len(with_ci) < len(members) else ""
+    return (f"± = half the {r['ci_level']:g}% interval: percentile bootstrap over {units}{few}, "
+            f"{r['ci_resamples']} resamples; {method_note(r.get('ci_method'))} (docs/uncertainty.md); "
+            f"vs best: {APPROX} = its {what} interval overlaps the best of its class (not resolved by this "
+            f"trace){missing}")
+
+
+FEW_UNITS = 10  # fewer resampling units than this: say the interval is coarse
+
+
+def single_unit(kind: str, units: str) -> str:
+    """Why one unit gives no interval, and what would."""
+    if kind == "block":
+        return f"{units}, nothing to resample (a trace needs two blocks of at least 64 tokens)"
+    return f"{units}, nothing to resample (--ci-unit block resamples blocks of its tokens)"
+
+
+def vs_best(df) -> dict[str, str]:
+    """row_key -> the vs-best cell over whole groups (before --top or --max-mass leave rows out): "best" for
+    the first row of each ranking class, ≈ for a row whose interval overlaps it, empty otherwise."""
+    out: dict[str, str] = {}
+    seen: set = set()
+    if "overlaps_best" not in df.columns:
+        return out
+    for r in df.sort(["group_key", "rank"]).select("row_key", "group_key", "rank", "keeps_first_choice",
+                                                   "ranked_by", "overlaps_best").to_dicts():
+        by_class = str(r["ranked_by"] or "").startswith("1st-choice")
+        klass = (r["group_key"], r["keeps_first_choice"] if by_class else True)
+        first = klass not in seen
+        seen.add(klass)
+        flag = r["overlaps_best"]
+        out[r["row_key"]] = "" if flag is None else ("best" if first else (APPROX if flag else ""))
+    return out
+
+
+def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict | None = None,
+                 best: dict[str, str] | None = None) -> list[Table]:
     """One ranked table per group (trace, machine, cache size, allocation, batch...), in frame order.
-    ``dropped``: group_key -> how many rows a filter (--max-mass) left out, said in the note."""
+    ``dropped``: group_key -> how many rows a filter (--max-mass) left out, said in the note; ``best``: the
+    vs-best cells (``vs_best``) of the whole groups when ``df`` holds only some of their rows."""
+    best = vs_best(df) if best is None else best
     groups: dict[str, list[dict]] = {}
     for r in df.to_dicts():
+        r["vs_best"] = best.get(r["row_key"], "")
         groups.setdefault(r["group_key"], []).append(r)
     tables = []
     for key, members in groups.items():
         members.sort(key=lambda r: r["rank"])
         shown = members[:top] if top else members
         priced = members[0]["priced"]
-        cols = columns_for(priced, wide, any(m.get("fits_in_vram") is False for m in members))
+        interval_line = ci_line(members)
+        cols = columns_for(priced, wide, any(m.get("fits_in_vram") is False for m in members),
+                           any(m.get("overlaps_best") is not None for m in members))
         if "dppl_shown" in members[0]:   # sweep --quality: measured (or, marked ~, estimated) dppl
-            cols = cols[:-1] + [DPPL_COLUMN] + cols[-1:]
+            at = next(i for i, c in enumerate(cols) if c.key == "pareto")
+            cols = cols[:at] + [DPPL_COLUMN] + cols[at:]
         quant = members[0].get("quant_choice") or ""
         note = ((f"Quantization {quant}. " if quant and not quant.endswith(": given") else "")
                 + NOTE_COLUMNS
@@ -310,8 +391,26 @@ def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict |
             note += f" Top {len(shown)} of {len(members)} configs."
         if "dppl_shown" in members[0]:
             note += " " + quality_note(members)
-        tables.append(Table(group_title(members[0]), cols, cells(shown, cols), note, pricing_lines(members)))
+        lines = pricing_lines(members) + ([interval_line] if interval_line else [])
+        tables.append(Table(group_title(members[0]), cols, cells(shown, cols), note, lines))
     return tables
+
+
+def ci_header(df) -> dict | None:
+    """The JSON header's account of the rows' intervals (None when no row has one)."""
+    from moesim.simulator.bootstrap import ASSUMPTION, SEED
+    from moesim.simulator.units import describe
+
+    if "ci_level" not in df.columns:
+        return None
+    rows = [r for r in df.to_dicts() if r.get("ci_level") is not None and r.get("ci_units")]
+    if not rows:
+        return None
+    return {"method": ASSUMPTION, "seed": SEED,
+            "levels": sorted({r["ci_level"] for r in rows}), "resamples": sorted({r["ci_resamples"] for r in rows}),
+            "units": sorted({describe(r["ci_unit"], r["ci_units"], r["ci_block_steps"],
+                                      "batch step" if r["batch"] > 1 else "token") for r in rows}),
+            "rows_with_intervals": len(rows), "rows": df.height}
 
 
 # ---------------------------------------------------------------------------------------------- mrc tables
@@ -337,11 +436,31 @@ def mrc_tables(df, slots: list[int] | None = None) -> list[Table]:
                 continue
             any_row = next(hit[(e, s)] for e in evictions if (e, s) in hit)
             row = [str(s), f"{any_row['budget']:.4g}"]
-            row += [f"{100 * hit[(e, s)]['hit_rate']:.2f}" if (e, s) in hit else "-" for e in evictions]
+            row += [_hit_cell(hit[(e, s)]) if (e, s) in hit else "-" for e in evictions]
             rows.append(row)
         title = (f"{first['trace']} ({first['model_id']}, {data}): hit rate by cache size, {allocation} "
                  f"allocation, fetch-all, cold start")
         methods = sorted(set(part["method"].to_list()))
         note = "lru: one stack-distance pass (exact); others: one replay per size." if len(methods) > 1 else ""
-        tables.append(Table(title, cols, rows, note))
+        lines = [mrc_ci_line(first)] if first.get("ci_level") is not None else []
+        tables.append(Table(title, cols, rows, note, [x for x in lines if x]))
     return tables
+
+
+_PCT2 = _f(".2f", 100)
+
+
+def _hit_cell(r: dict) -> str:
+    return with_interval(_PCT2(r["hit_rate"]), _PCT2, r.get("hit_rate_low"), r.get("hit_rate_high"))
+
+
+def mrc_ci_line(r: dict) -> str:
+    from moesim.simulator.bootstrap import method_note
+    from moesim.simulator.units import describe
+
+    units = describe(r["ci_unit"], r["ci_units"], r["ci_block_steps"])
+    if r["ci_units"] < 2:
+        return f"no interval: {single_unit(r['ci_unit'], units)}"
+    few = " (few units: a coarse interval)" if r["ci_units"] < FEW_UNITS else ""
+    return (f"± = half the {r['ci_level']:g}% interval: percentile bootstrap over {units}{few}, {r['ci_resamples']} "
+            f"resamples; {method_note(r.get('ci_method'))} (docs/uncertainty.md)")

@@ -90,3 +90,47 @@ def stack_histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq):
                 if t >= warmup_tokens:
                     pooled[l, d] += 1
     return per_layer, pooled
+
+
+@njit(cache=True)
+def unit_histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq, tok_unit, n_units):
+    """As stack_histograms, summed over layers and split by resampling unit (``tok_unit[t]``, -1: not
+    counted): (per_layer [n_units, E+1], pooled [n_units, L*E+1]). The hits of unit u at N slots per
+    layer are the sum of per_layer[u, :N] (per-layer caches) or of pooled[u, :N*L] (one pool)."""
+    T, L, k = sel.shape
+    E = n_experts
+    per_layer = np.zeros((n_units, E + 1), np.int64)
+    pooled = np.zeros((n_units, L * E + 1), np.int64)
+    bit = np.zeros(T * k + 1, np.int32)
+    last = np.full(E, -1, np.int64)
+    for l in range(L):
+        bit[:] = 0
+        last[:] = -1
+        pos = 0
+        for t in range(T):
+            if reset_per_seq and t > 0 and tok_seq[t] != tok_seq[t - 1]:
+                _forget(bit, last)
+            for r in range(k):
+                e = sel[t, l, r]
+                if e < 0:
+                    continue
+                d = _distance(bit, last, e, pos, E)
+                pos += 1
+                if t >= warmup_tokens and tok_unit[t] >= 0:
+                    per_layer[tok_unit[t], d] += 1
+    gbit = np.zeros(T * L * k + 1, np.int32)
+    glast = np.full(L * E, -1, np.int64)
+    pos = 0
+    for t in range(T):
+        if reset_per_seq and t > 0 and tok_seq[t] != tok_seq[t - 1]:
+            _forget(gbit, glast)
+        for l in range(L):
+            for r in range(k):
+                e = sel[t, l, r]
+                if e < 0:
+                    continue
+                d = _distance(gbit, glast, l * E + e, pos, L * E)
+                pos += 1
+                if t >= warmup_tokens and tok_unit[t] >= 0:
+                    pooled[tok_unit[t], d] += 1
+    return per_layer, pooled

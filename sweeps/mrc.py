@@ -9,6 +9,12 @@ layer's cache is LRU on its flattened (token, rank) stream, and a global pool is
 a Fenwick tree over stream positions holding a 1 at each expert's latest request (O(n log n)).
 
 Other evictions have no inclusion property: they are replayed on a grid of sizes, in parallel.
+
+With ``ci`` (docs/uncertainty.md) every curve row gets a percentile-bootstrap interval of its hit rate
+over the trace's sequences (or blocks of tokens): for LRU from the same stack distances counted per
+unit (``unit_histograms``: the hits of every unit at every size, in two more passes: the trace and the trace
+rotated by half, simulator/rotation.py), for the replayed evictions from each replay's hits and requests
+per unit (simulator/units.py). Per-layer rows have none.
 """
 
 from __future__ import annotations
@@ -21,8 +27,14 @@ import numpy as np
 from moesim.errors import MoesimError
 from moesim.files import SUFFIXES, atomic_files, check_output, write_table_to
 from moesim.policies import registry
+from moesim.simulator.bootstrap import CI, percentile_intervals, ratio, resampled_sums
 from moesim.simulator.config import ALLOCATIONS, SimConfig, slots_for_budget
-from moesim.simulator.stack_distance import stack_histograms  # decorated under the hashed cache dir (package init)
+from moesim.simulator.rotation import rotation
+from moesim.simulator.stack_distance import (  # decorated under the hashed cache dir (package init)
+    stack_histograms,
+    unit_histograms,
+)
+from moesim.simulator.units import SUM_NAMES, Units, assign
 from moesim.sweeps.executors import Task, execute
 from moesim.sweeps.inputs import load_traces
 
@@ -49,6 +61,53 @@ def lru_hits(routing, warmup_tokens: int = 0, reset_per_sequence: bool = False) 
     }
 
 
+def _unit_hits(sel, seq, ids, n_units, n_experts, warmup_tokens, reset_per_sequence):
+    L, E = sel.shape[1], n_experts
+    per_layer, pooled = unit_histograms(np.ascontiguousarray(sel, dtype=np.int16), E,
+                                        np.ascontiguousarray(seq, dtype=np.int32), int(warmup_tokens),
+                                        bool(reset_per_sequence), np.ascontiguousarray(ids, dtype=np.int64),
+                                        int(n_units))
+    return {"per_layer": np.cumsum(per_layer[:, :E], axis=1),
+            "pooled": np.cumsum(pooled[:, : L * E], axis=1)[:, np.arange(1, E + 1) * L - 1],
+            "requests": per_layer.sum(axis=1)}
+
+
+def lru_unit_hits(routing, units: Units, warmup_tokens: int = 0, reset_per_sequence: bool = False,
+                  method: str = "single") -> dict:
+    """LRU fetch-all hits of every resampling unit at every size, summed over layers: ``per_layer[u, N-1]``
+    (N slots per layer), ``pooled[u, N-1]`` (one pool of N x L slots), ``requests[u]``, and the cold-start
+    offsets ``per_layer_offset`` and ``pooled_offset`` [E]. With ``method="rotated"`` the units before
+    U // 2 are counted from a second pass over the trace rotated by half (simulator/rotation.py), so every
+    unit is counted warm and the offsets hold the cold start; with "single" the offsets are zero."""
+    E = routing.n_experts
+    cold = _unit_hits(routing.sel, routing.seq, units.ids, units.n, E, warmup_tokens, reset_per_sequence)
+    out = dict(cold, per_layer_offset=np.zeros(E, np.int64), pooled_offset=np.zeros(E, np.int64))
+    if method != "rotated" or units.n < 2:
+        return out
+    order, h = rotation(units)
+    again = _unit_hits(routing.sel[order], routing.seq[order], units.ids[order], units.n, E, 0, reset_per_sequence)
+    for key in ("per_layer", "pooled"):
+        warm = cold[key].copy()
+        warm[:h] = again[key][:h]
+        out[key], out[f"{key}_offset"] = warm, cold[key].sum(axis=0) - warm.sum(axis=0)
+    return out
+
+
+def hit_rate_intervals(hits: np.ndarray, requests: np.ndarray, ci: CI, offset=None) -> np.ndarray:
+    """[sizes, 2]: the interval of the hit rate at each size from the per-unit hits [U, sizes] and
+    requests [U], ``offset`` [sizes] hits added to every resample (NaN with a single unit)."""
+    U, n = hits.shape
+    if U < 2:
+        return np.full((n, 2), np.nan)
+    sums = resampled_sums(np.concatenate([hits, requests[:, None]], axis=1).astype(np.float64), ci.resamples)
+    if offset is not None:
+        sums[:, :n] += np.asarray(offset, np.float64)
+    return percentile_intervals(ratio(sums[:, :n], sums[:, n:]), ci.level)
+
+
+_HITS, _REQUESTS = SUM_NAMES.index("hits"), SUM_NAMES.index("requests")
+
+
 def size_grid(n_experts: int, slots: list[int] | None = None, budgets: list[float] | None = None) -> list[int]:
     """Slots per layer to replay: the given slots and budgets (floor(b x E)), else the default budgets."""
     out = set()
@@ -67,10 +126,12 @@ def size_grid(n_experts: int, slots: list[int] | None = None, budgets: list[floa
 
 def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = None,
         budgets: list[float] | None = None, warmup_tokens: int = 0, reset_per_sequence: bool = False,
-        jobs: int | None = None, executor: str = "local", progress=None):
+        jobs: int | None = None, executor: str = "local", progress=None, ci: CI | None = None):
     """Hit-rate curves of a trace (a path or a Routing). Returns (curve, layers) polars frames:
     one row per (eviction, allocation, slots per layer), and per layer. LRU rows cover every size
-    1..E (method "stack-distance"); the other evictions the size grid (method "replay")."""
+    1..E (method "stack-distance"); the other evictions the size grid (method "replay"). With ``ci``,
+    the curve rows have hit_rate_low/high and the interval settings (ci_level, ci_resamples, ci_unit,
+    ci_units, ci_block_steps)."""
     import polars as pl
 
     entry = load_traces([trace])[0]
@@ -89,9 +150,16 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
             "reset_per_sequence": bool(reset_per_sequence)}
     layer_ids = np.asarray(routing.meta.moe_layers, np.int64)
     curves, layer_frames = [], []
+    units = None
+    if ci is not None:
+        if warmup_tokens >= routing.n_tokens:
+            raise MoesimError(f"warmup_tokens={warmup_tokens} leaves none of the trace's {routing.n_tokens} tokens")
+        units = assign(routing.seq, int(warmup_tokens), ci.unit)  # a batch-1 replay's units (simulator/units.py)
+        base.update(ci_level=ci.level, ci_resamples=ci.resamples, ci_method=ci.method, ci_unit=units.kind,
+                    ci_units=units.n, ci_block_steps=units.block_steps)
 
-    def add(eviction, allocation, sizes, hits, requests, method):
-        """hits: [L, len(sizes)] per layer and size; requests: [L]."""
+    def add(eviction, allocation, sizes, hits, requests, method, interval=None):
+        """hits: [L, len(sizes)] per layer and size; requests: [L]; interval: [len(sizes), 2] (--ci)."""
         sizes = np.asarray(sizes, np.int64)
         hits = np.asarray(hits, np.int64).reshape(L, len(sizes))
         req = np.asarray(requests, np.int64)
@@ -101,10 +169,16 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
             return {**{k: [v] * n for k, v in {**base, **common}.items()}}
 
         tot_h, tot_r = hits.sum(axis=0), int(req.sum())
+        extra = {}
+        if units is not None:
+            iv = np.full((len(sizes), 2), np.nan) if interval is None else np.asarray(interval, np.float64)
+            # NaN (a single unit) is stored as null: no interval, not an unknown one
+            extra = {"hit_rate_low": pl.Series(iv[:, 0], nan_to_null=True),
+                     "hit_rate_high": pl.Series(iv[:, 1], nan_to_null=True)}
         curves.append(pl.DataFrame({
             **cols(len(sizes)), "slots_per_layer": sizes, "budget": sizes / E,
             "capacity": sizes * (L if allocation == "global" else 1), "requests": np.full(len(sizes), tot_r),
-            "hits": tot_h, "hit_rate": tot_h / tot_r if tot_r else np.full(len(sizes), np.nan)}))
+            "hits": tot_h, "hit_rate": tot_h / tot_r if tot_r else np.full(len(sizes), np.nan), **extra}))
         n = L * len(sizes)
         lreq = np.repeat(req, len(sizes))
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -117,9 +191,13 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
 
     if "lru" in evictions:
         lru = lru_hits(routing, warmup_tokens, reset_per_sequence)
+        per_unit = lru_unit_hits(routing, units, warmup_tokens, reset_per_sequence, ci.method) \
+            if units is not None and ci is not None else None
         for allocation in allocations:
-            table = lru["per_layer"] if allocation == "per-layer" else lru["pooled"]
-            add("lru", allocation, np.arange(1, E + 1), table, lru["requests"], "stack-distance")
+            key = "per_layer" if allocation == "per-layer" else "pooled"
+            iv = hit_rate_intervals(per_unit[key], per_unit["requests"], ci, per_unit[f"{key}_offset"]) \
+                if per_unit is not None and ci else None
+            add("lru", allocation, np.arange(1, E + 1), lru[key], lru["requests"], "stack-distance", iv)
     configs = [SimConfig(eviction=ev, miss="fetch-all", slots=n, allocation=a, warmup_tokens=warmup_tokens,
                          reset_per_sequence=reset_per_sequence)
                for ev in evictions if ev != "lru" for a in allocations for n in grid]
@@ -127,10 +205,14 @@ def mrc(trace, *, evictions=None, allocations=None, slots: list[int] | None = No
     if progress:
         progress(0, len(work))
     done = 0
-    for key, payload in execute(work, [routing], [None], jobs=jobs, executor=executor):
+    for key, payload in execute(work, [routing], [None], jobs=jobs, executor=executor, ci=ci):
         c = configs[int(key)]
         lr = payload["layers"]
-        add(c.eviction, c.allocation, [c.slots], [x["hits"] for x in lr], [x["requests"] for x in lr], "replay")
+        iv = None
+        if ci is not None:
+            sums, offset = payload["units"]["sums"], payload["units"]["offset"]
+            iv = hit_rate_intervals(sums[:, [_HITS]], sums[:, _REQUESTS], ci, offset[[_HITS]])
+        add(c.eviction, c.allocation, [c.slots], [x["hits"] for x in lr], [x["requests"] for x in lr], "replay", iv)
         done += 1
         if progress:
             progress(done, len(work))

@@ -16,6 +16,8 @@ this much memory on this machine".
   mass, then hit rate); ``rank_by="time"`` ranks by time alone. Unpriced groups rank by hit rate.
 - **Pareto**: no other row of the same group and class is at least as fast with at most as much
   substituted mass and strictly better on one of them (unpriced: hit rate instead of time).
+- **Intervals** (rows replayed with ``--ci``): low/high of every rate, the mass and the time, the paired
+  speed-up interval and ``overlaps_best`` (sweeps/intervals.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 
 from moesim.policies import miss as miss_mod
 from moesim.sweeps.grid import DEFAULT_BASELINE, baseline_label, baseline_policy
+from moesim.sweeps.intervals import annotate_group
 from moesim.sweeps.schema import ROW_SCHEMA, frame
 
 RANK_BY = ("class", "time")
@@ -65,8 +68,8 @@ def _baseline_row(members: list[dict], policy: tuple) -> dict | None:
 
 
 def annotate(df, baseline: str = DEFAULT_BASELINE, rank_by: str = "class"):
-    """Add keeps_first_choice, speedup, baseline, rank, pareto and ranked_by (recomputed from scratch),
-    sorted by (group, rank)."""
+    """Add keeps_first_choice, speedup, baseline, rank, pareto, ranked_by and, for rows with unit sums,
+    the confidence intervals (recomputed from scratch), sorted by (group, rank)."""
     import polars as pl
 
     if rank_by not in RANK_BY:
@@ -109,6 +112,7 @@ def annotate(df, baseline: str = DEFAULT_BASELINE, rank_by: str = "class"):
             pts = [(sign * _num(r[x]), _num(r["mass_per_step"])) for r in part]
             for r, flag in zip(part, pareto_front(pts)):
                 r["pareto"] = flag
+        annotate_group(members, base, priced, klass)
     out = frame(rows, ROW_SCHEMA)
     extra = [c for c in df.columns if c not in out.columns]
     if extra:

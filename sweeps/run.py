@@ -24,7 +24,9 @@ from typing import Any
 
 from moesim.costmodel.pricing import price_trace
 from moesim.errors import MoesimError
+from moesim.simulator.bootstrap import CI
 from moesim.simulator.config import SimConfig
+from moesim.simulator.rotation import method_for
 from moesim.sweeps.executors import EXECUTORS, Task, execute
 from moesim.sweeps.grid import PRESET_ENGINES, PRESETS, Grid, expand, never_cached, replay_twin
 from moesim.sweeps.inputs import TraceEntry, load_traces
@@ -40,6 +42,7 @@ class SweepOutcome:
     reused: int
     notes: list[str] = field(default_factory=list)
     output: Path | None = None
+    executor_stats: dict = field(default_factory=dict)  # Ray: what was shipped, where tasks ran
 
 
 def cost_key(cost) -> str:
@@ -83,10 +86,13 @@ def check_config(config: SimConfig, routing) -> None:
                           f"{routing.n_tokens} tokens to count")
 
 
-def check_stream(config: SimConfig, entry: TraceEntry, executor: str) -> None:
+def check_stream(config: SimConfig, entry: TraceEntry, executor: str, ci=None) -> None:
     """Fail before any replay starts on what a streamed trace cannot do."""
     if not entry.streamed:
         return
+    if ci is not None:
+        raise MoesimError(f"{entry.name}: confidence intervals (--ci) need the per-token series of an in-memory "
+                          "replay; this trace is streamed (too large to decode whole, or --stream): use --no-stream")
     if config.batch > 1:
         raise MoesimError(f"{entry.name}: --batch replays in memory only; this trace is streamed (too large to "
                           "decode whole, or --stream): use --no-stream, or a shorter trace")
@@ -96,7 +102,7 @@ def check_stream(config: SimConfig, entry: TraceEntry, executor: str) -> None:
 
 
 def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw, model, quant,
-              quant_choice: str = "") -> tuple[dict, list]:
+              quant_choice: str = "", *, ci: CI | None = None) -> tuple[dict, list]:
     cfg = task.config
     ck = task.row_key.rsplit(":", 1)[1]
     t = payload["totals"]
@@ -129,6 +135,13 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
             vram_gib_free=tm["vram_bytes_free_for_experts"] / 2**30, fits_in_vram=tm["fits_in_vram"],
             timed_steps=tm["timed_steps"],
         )
+    units = payload.get("units")
+    if ci is not None and units is not None:
+        # the intervals themselves are derived when rows are ranked (sweeps/intervals.py)
+        row.update(ci_level=ci.level, ci_resamples=ci.resamples, ci_rule=units["rule"], ci_method=units["method"],
+                   ci_unit=units["kind"], ci_units=units["n"], ci_block_steps=units["block_steps"],
+                   ci_unit_sums=[float(x) for x in units["sums"].reshape(-1)],
+                   ci_offset_sums=[float(x) for x in units["offset"]])
     keys = {"row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(), "cost_key": ck,
             "label": cfg.label()}
     layers = [{**keys, **lr} for lr in payload["layers"]]
@@ -215,9 +228,11 @@ def plan(entries: list[TraceEntry], grid: Grid):
 
 def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jobs: int | None = None,
               executor: str = "local", progress=None, flush_seconds: float = 2.0,
-              rank_by: str = "class", stream: bool | None = None) -> SweepOutcome:
+              rank_by: str = "class", ci: CI | None = None, stream: bool | None = None) -> SweepOutcome:
     """Run (or finish) a sweep; return this sweep's rows ranked within their groups (speed-up over
-    ``grid.baseline``; ``rank_by`` as in sweeps/ranking.py).
+    ``grid.baseline``; ``rank_by`` as in sweeps/ranking.py). With ``ci``, every row gets confidence
+    intervals (docs/uncertainty.md): rows of ``output`` kept without unit sums for ``ci.unit`` are
+    replayed again; rows with them are only given ``ci``'s level and resamples.
 
     ``stream``: replay the traces streamed, a chunk of tokens at a time (None: the traces whose decoded
     arrays would exceed MOESIM_STREAM_MB; see simulator.simulate). A streamed trace is decoded once into
@@ -231,20 +246,23 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
         raise MoesimError(f"--jobs must be at least 1, got {jobs}")
     entries = load_traces(traces, stream)
     try:
-        return _run(entries, grid, output, jobs, executor, progress, flush_seconds, rank_by)
+        return _run(entries, grid, output, jobs, executor, progress, flush_seconds, rank_by, ci)
     finally:
         for e in entries:
             e.close()
 
 
 def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, progress,
-         flush_seconds: float, rank_by: str) -> SweepOutcome:
+         flush_seconds: float, rank_by: str, ci: CI | None) -> SweepOutcome:
     import polars as pl
 
     tasks, costs, cost_info, notes = plan(entries, grid)
     store = ResultStore(output, inputs=[e.path for e in entries if e.path is not None], baseline=grid.baseline,
                         rank_by=rank_by)
-    todo = [t for t in tasks if t.row_key not in store]
+    todo = [t for t in tasks if t.row_key not in store or (
+        ci is not None and not store.has_units(t.row_key, ci.unit, method_for(replay_twin(t.config), ci.method)))]
+    if ci is not None:
+        store.relevel({t.row_key for t in tasks}, ci.level, ci.resamples)
     reused = len(tasks) - len(todo)
     waiting: dict[str, list[Task]] = {}
     for t in todo:
@@ -252,11 +270,12 @@ def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, pro
     # one replay per distinct replay key, run with the twin config
     work = [dataclasses.replace(ts[0], config=replay_twin(ts[0].config)) for ts in waiting.values()]
     for t in work:
-        check_stream(t.config, entries[t.trace], executor)
+        check_stream(t.config, entries[t.trace], executor, ci)
     routings = [e.source if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
     for t in work:
         check_config(t.config, routings[t.trace])
-    results = execute(work, routings, costs, jobs=jobs, executor=executor)
+    executor_stats: dict = {}
+    results = execute(work, routings, costs, jobs=jobs, executor=executor, ci=ci, stats=executor_stats)
     done = 0
     last_flush = time.monotonic()
     interrupted = False
@@ -268,7 +287,7 @@ def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, pro
             with shield:
                 for task in waiting.pop(rkey):
                     row, layer_rows = make_rows(task, payload, entries[task.trace], costs[task.cost],
-                                                *cost_info[task.cost])
+                                                *cost_info[task.cost], ci=ci)
                     store.add(row, layer_rows)
                     done += 1
                 if time.monotonic() - last_flush >= flush_seconds:
@@ -294,7 +313,7 @@ def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, pro
     mine = annotate(all_rows.filter(pl.col("row_key").is_in(keys)), grid.baseline, rank_by)
     layers = store.layers().filter(pl.col("row_key").is_in(keys))
     return SweepOutcome(mine, layers, computed=done, reused=reused, notes=notes,
-                        output=Path(output) if output is not None else None)
+                        output=Path(output) if output is not None else None, executor_stats=executor_stats)
 
 
 __all__ = ["run_sweep", "SweepOutcome", "Grid", "layers_path"]

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from moesim.simulator.kernel import COUNTER_NAMES
+from moesim.simulator.units import STATISTICS
+
+# Statistics with a confidence interval in a row (sweeps/intervals.py): <name>_low and <name>_high.
+INTERVAL_STATISTICS = STATISTICS + ("speedup",)
 
 # One row per (trace, config, cost). Column order is the file's column order.
 ROW_SCHEMA: dict[str, str] = {
@@ -24,6 +28,14 @@ ROW_SCHEMA: dict[str, str] = {
     # derived over the rows of the same table (sweeps/ranking.py)
     "keeps_first_choice": "bool", "speedup": "f64", "baseline": "str", "rank": "i64", "pareto": "bool",
     "ranked_by": "str",
+    # --ci (docs/uncertainty.md): how the intervals were taken, the replay's sums per resampling unit
+    # (units x simulator/units.py SUM_NAMES, row-major) and the cold-start offset added to every
+    # resample (SUM_NAMES; simulator/rotation.py); null for rows replayed without --ci
+    "ci_level": "f64", "ci_resamples": "i64", "ci_rule": "str", "ci_method": "str", "ci_unit": "str",
+    "ci_units": "i64", "ci_block_steps": "i64", "ci_unit_sums": "list_f64", "ci_offset_sums": "list_f64",
+    # derived from the unit sums over the rows of the same table (sweeps/intervals.py)
+    **{f"{name}_{side}": "f64" for name in INTERVAL_STATISTICS for side in ("low", "high")},
+    "overlaps_best": "bool",
 }
 LAYER_SCHEMA: dict[str, str] = {
     "row_key": "str", "trace_digest": "str", "config_key": "str", "cost_key": "str", "label": "str",
@@ -35,7 +47,7 @@ LAYER_SCHEMA: dict[str, str] = {
 def polars_schema(schema: dict[str, str]) -> dict:
     import polars as pl
 
-    types = {"str": pl.String, "bool": pl.Boolean, "f64": pl.Float64, "i64": pl.Int64}
+    types = {"str": pl.String, "bool": pl.Boolean, "f64": pl.Float64, "i64": pl.Int64, "list_f64": pl.List(pl.Float64)}
     return {name: types[t] for name, t in schema.items()}
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moesim.simulator import SimConfig, SimResult, simulate
+from moesim.simulator.bootstrap import CI
 from moesim.sweeps.executors import payload
 from moesim.sweeps.grid import DEFAULT_BASELINE, Grid, canonical
 from moesim.sweeps.inputs import load_traces
@@ -26,18 +27,19 @@ class One:
 
 def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str | None = None,
                  quant: str | None = None, engine: str | None = None, baseline: str = DEFAULT_BASELINE,
-                 stream: bool | None = None) -> One:
+                 ci: CI | None = None, stream: bool | None = None) -> One:
     """Replay ``config`` on ``trace`` (a path or a Routing), priced by (hw, model, quant) when the trace
     can be priced, together with the speed-up baseline (``baseline``, as in a sweep) its row is compared with.
+    With ``ci`` the row has confidence intervals (docs/uncertainty.md), the speed-up's paired with the baseline's.
     ``stream``: as simulator.simulate (None: streamed when the trace is too large to decode whole)."""
     entry = load_traces([trace], stream)[0]
     try:
-        return _simulate_one(entry, config, hw, model, quant, engine, baseline)
+        return _simulate_one(entry, config, hw, model, quant, engine, baseline, ci)
     finally:
         entry.close()
 
 
-def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: str) -> One:
+def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: str, ci) -> One:
     import polars as pl
 
     config = canonical(config)
@@ -49,15 +51,17 @@ def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: 
                 reset_per_sequence=config.reset_per_sequence, presets=False, baseline=baseline, **size)
     tasks, costs, cost_info, notes = plan([entry], grid)
     for task in tasks:
-        check_stream(task.config, entry, "local")
+        check_stream(task.config, entry, "local", ci)
     routing = entry.source
     rows, layers, mine = [], [], None
     for task in tasks:
         check_config(task.config, routing)
-        res = simulate(routing, task.config, cost=costs[task.cost], tokens=task.config == config)
+        # a streamed replay keeps the per-token series (O(T)) of the config itself only
+        res = simulate(routing, task.config, cost=costs[task.cost], tokens=not entry.streamed or task.config == config)
         if task.config == config:
             mine = (task.row_key, res)
-        row, lay = make_rows(task, payload(res), entry, costs[task.cost], *cost_info[task.cost])
+        done = payload(res, routing=routing, config=task.config, cost=costs[task.cost], ci=ci)
+        row, lay = make_rows(task, done, entry, costs[task.cost], *cost_info[task.cost], ci=ci)
         rows.append(row)
         layers.extend(lay)
     assert mine is not None  # the grid holds the config itself

@@ -5,6 +5,10 @@ Rows already in the files are never recomputed; new rows are merged in and both 
 atomically (both written to unique temporaries first, then renamed layers first, so a config present
 in the main file always has its layer rows). A config counts as done only when it is in both files.
 
+A sweep with ``--ci`` replays again the rows it finds without unit sums (sweeps/intervals.py) and
+replaces them, and gives the rows it reuses its own interval level: rows are added or replaced by
+their key, never lost.
+
 Several sweeps may write one results file at once (two grids run side by side, or a second sweep
 started before the first ended): every flush takes an exclusive lock (``.NAME.lock`` beside the
 results, held only while reading and rewriting the files), re-reads the files if another process
@@ -132,6 +136,8 @@ class ResultStore:
                               "use --format csv|json to print other formats")
         self.old_rows = frame([], ROW_SCHEMA)
         self.old_layers = frame([], LAYER_SCHEMA)
+        self.replaced: set[str] = set()  # keys this process rewrote: its version wins over the file's
+        self._units_of: tuple | None = None  # (old_rows, {row_key: (ci_rule, ci_method)}) for has_units
         self._seen = None  # (stat of rows, stat of layers) as last read or written by this process
         if self.path is not None:
             self.inputs = list(inputs)
@@ -159,6 +165,9 @@ class ResultStore:
         if found is None:
             return
         rows, layers = found
+        if self.replaced:
+            theirs = ~pl.col("row_key").is_in(list(self.replaced))
+            rows, layers = rows.filter(theirs), layers.filter(theirs)
         mine = self.old_rows.filter(~pl.col("row_key").is_in(rows["row_key"].to_list()))
         self.old_rows = pl.concat([rows, _conform(mine, ROW_SCHEMA)], how="diagonal_relaxed")
         mine_layers = self.old_layers.filter(~pl.col("row_key").is_in(rows["row_key"].to_list()))
@@ -167,11 +176,55 @@ class ResultStore:
     def __contains__(self, row_key: str) -> bool:
         return row_key in self.done
 
+    def has_units(self, row_key: str, rule: str, method: str) -> bool:
+        """The row is stored with its sums per resampling unit taken by ``rule`` (--ci-unit) and
+        ``method`` (--ci-method, as simulator/rotation.py applies it)."""
+        import polars as pl
+
+        def match(r):
+            return r.get("ci_rule") == rule and r.get("ci_method") == method and r.get("ci_unit_sums") is not None
+
+        if any(r["row_key"] == row_key for r in self.new_rows):
+            return any(r["row_key"] == row_key and match(r) for r in self.new_rows)
+        if self._units_of is None or self._units_of[0] is not self.old_rows:  # one pass over the stored rows
+            stored = self.old_rows.filter(pl.col("ci_unit_sums").is_not_null()).select("row_key", "ci_rule",
+                                                                                      "ci_method")
+            self._units_of = (self.old_rows, {k: (a, b) for k, a, b in stored.iter_rows()})
+        return self._units_of[1].get(row_key) == (rule, method)
+
     def add(self, row: dict, layer_rows: list[dict]) -> None:
+        key = row["row_key"]
+        if key in self.done:  # replayed again (for its unit sums): this version replaces the stored one
+            self._drop_old({key})
+            self.new_rows = [r for r in self.new_rows if r["row_key"] != key]
+            self.new_layers = [r for r in self.new_layers if r["row_key"] != key]
         self.new_rows.append(row)
         self.new_layers.extend(layer_rows)
-        self.done.add(row["row_key"])
+        self.done.add(key)
         self.dirty = True
+
+    def _drop_old(self, keys: set[str]) -> None:
+        import polars as pl
+
+        self.replaced |= keys
+        self.old_rows = self.old_rows.filter(~pl.col("row_key").is_in(list(keys)))
+        self.old_layers = self.old_layers.filter(~pl.col("row_key").is_in(list(keys)))
+
+    def relevel(self, keys: set[str], level: float, resamples: int) -> None:
+        """Rows of ``keys`` that have unit sums take this interval level and number of resamples."""
+        import polars as pl
+
+        has = pl.col("row_key").is_in(list(keys)) & pl.col("ci_unit_sums").is_not_null()
+        stale = self.old_rows.filter(has & ((pl.col("ci_level") != level) | (pl.col("ci_resamples") != resamples)))
+        if stale.height:
+            self.replaced |= set(stale["row_key"].to_list())
+            self.old_rows = self.old_rows.with_columns(
+                pl.when(has).then(pl.lit(level, pl.Float64)).otherwise(pl.col("ci_level")).alias("ci_level"),
+                pl.when(has).then(pl.lit(resamples, pl.Int64)).otherwise(pl.col("ci_resamples")).alias("ci_resamples"))
+            self.dirty = True
+        for r in self.new_rows:
+            if r["row_key"] in keys and r.get("ci_unit_sums") is not None:
+                r["ci_level"], r["ci_resamples"] = level, resamples
 
     def rows(self):
         """Every row (file + new), derived columns recomputed over all of them, in a stable order."""

@@ -140,3 +140,16 @@ def test_sweep_streamed_equals_in_memory(monkeypatch, shipped_trace):
     assert want.drop("mass", "ms_per_token").equals(got.drop("mass", "ms_per_token"))
     np.testing.assert_allclose(got["mass"].to_numpy(), want["mass"].to_numpy(), rtol=1e-12)
     np.testing.assert_allclose(got["ms_per_token"].to_numpy(), want["ms_per_token"].to_numpy(), rtol=1e-12)
+
+
+def test_ranked_layout_streams(tmp_path):
+    """moesim synth's ranked layout (move-to-front codes restarted per row group) streams like any other."""
+    from moesim.traces.synthetic import synthesize
+
+    path = synthesize("qwen3-30b-a3b", 120, seqs=3, seed=1, path=tmp_path / "s.parquet")
+    whole = load_routing(path)
+    for eviction in ("lru", "belady"):
+        config = SimConfig(eviction=eviction, miss="threshold:0.15", budget=0.25, admit=0.5, reset_per_sequence=True)
+        want = simulate(whole, config)
+        got = simulate(path, config, stream=True, chunk_tokens=17)
+        assert_same(want, got, f"ranked layout {config.label()}")

@@ -75,3 +75,21 @@ def test_an_old_style_label_breaks_pdflatex(tmp_path):
     bad = re.sub(r"\\label\{[^}]*\}", r"\\label{tab:moesim-routing\\_profile}", tex)
     got = compile_table(bad, tmp_path)
     assert got["rc"] != 0 and any("Missing \\endcsname" in e for e in got["errors"])
+
+
+def test_tables_with_intervals_compile_and_fit(tmp_path):
+    """--ci: value$\\pm$half-width cells in the sweep's LaTeX and the report's policy and profile tables."""
+    from moesim.reports.report import build_report
+    from moesim.simulator.bootstrap import CI
+
+    rep = built_report()
+    results = tmp_path / "ci.parquet"
+    tex = run_cli("sweep", rep["trace"], "--budget", "0.25", "-o", results, "--format", "latex", "--ci", "95",
+                  "--jobs", "1").stdout
+    assert r"$\pm$" in tex
+    check(compile_table(tex, tmp_path), "sweep --format latex --ci 95")
+    manifest = build_report(tmp_path / "report", results=results, trace=rep["trace"], ci=CI(95))
+    for name in ("policies", "routing_profile"):
+        tex = (tmp_path / "report" / manifest["files"]["tables"][name]["LaTeX"]).read_text()
+        assert r"$\pm$" in tex, name
+        check(compile_table(tex, tmp_path), f"{name} with intervals")

@@ -41,3 +41,13 @@ def test_mrc_replays_on_ray(cluster, tmp_path):
     on_ray, _ = mrc(trace, evictions=["fifo", "belady"], slots=[8, 16], executor="ray")
     local, _ = mrc(trace, evictions=["fifo", "belady"], slots=[8, 16], jobs=1)
     assert on_ray.equals(local)
+
+
+def test_ray_sweep_with_intervals_equals_a_local_one(cluster, tmp_path):
+    trace = small_trace(tmp_path, seqs=4)
+    grid = ["--budget", "0.25", "-e", "lru", "-e", "freq", "--ci", "95"]
+    local, on_ray = tmp_path / "local.parquet", tmp_path / "ray.parquet"
+    run_cli("sweep", trace, *grid, "-o", local, "--jobs", "1")
+    run_cli("sweep", trace, *grid, "-o", on_ray, "--executor", "ray")
+    a, b = pl.read_parquet(local), pl.read_parquet(on_ray)
+    assert a["hit_rate_low"].is_not_null().all() and a.equals(b)

@@ -47,7 +47,7 @@ def test_shipped_trace(shipped_trace):
     assert shipped_trace.stat().st_size <= 10 * 2**20
     tf = TraceFile(shipped_trace)
     m = tf.meta
-    assert m.synthetic and m.layout == "sparse" and m.model_id == "Qwen/Qwen3-Next-80B-A3B-Instruct"
+    assert m.synthetic and m.layout == "ranked" and m.model_id == "Qwen/Qwen3-Next-80B-A3B-Instruct"
     assert (m.n_experts, m.top_k, m.n_layers) == (512, 10, 48)
     assert m.source["command"].startswith("moesim synth --preset qwen3-next-80b-a3b")
     p = profile_trace(shipped_trace)

@@ -11,11 +11,15 @@ from typing import Any
 
 from moesim.errors import MoesimError
 
+# Version 2 adds the compact `ranked` layout; every other layout is still written as version 1, byte for
+# byte what it was, so older readers keep reading them. A reader refuses versions it does not know.
 SCHEMA_VERSION = 1
+SCHEMA_VERSIONS = (1, 2)
+RANKED_SCHEMA_VERSION = 2
 METADATA_KEY = b"moesim"
 
 GATINGS = ("softmax", "softmax_topk", "sigmoid")
-LAYOUTS = ("dense", "sparse", "counts")
+LAYOUTS = ("dense", "sparse", "counts", "ranked")
 TIE_ORDERS = ("lower_id", "stored")
 PHASES = ("prefill", "decode")
 
@@ -34,9 +38,13 @@ class TraceMeta:
     group-limited by ``n_group``/``topk_group``).
 
     ``layout``: ``dense`` (all E logits per row), ``sparse`` (the M best
-    logits plus the log-sum-exp over all E) or ``counts`` (a frequency-only
+    logits plus the log-sum-exp over all E), ``counts`` (a frequency-only
     trace: per (request, layer) row, how often each expert was selected, no
-    time order; ``frequency_only`` must then be true).
+    time order; ``frequency_only`` must then be true) or ``ranked`` (schema
+    version 2, compact: the M best experts in rank order, move-to-front coded,
+    plus only the scores the gate weights need; docs/trace-format.md).
+    ``logit_scale`` (ranked only, a power of two): the gate logits are stored as
+    integer gaps in these units (synthetic traces: their 1/32 grid).
 
     ``tie_order``: how equal scores and equal gate weights are ranked.
     ``lower_id`` (the default, and every trace written before the field existed):
@@ -65,6 +73,7 @@ class TraceMeta:
     synthetic: bool = False
     frequency_only: bool = False
     tie_order: str = "lower_id"
+    logit_scale: float | None = None
     tracer: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
@@ -79,6 +88,8 @@ class TraceMeta:
             object.__setattr__(self, name, tuple(_as_int(x, name) for x in value))
         if self.layout == "dense" and self.n_candidates == 0:
             object.__setattr__(self, "n_candidates", self.n_experts)
+        if self.layout == "ranked" and self.schema_version == SCHEMA_VERSION:
+            object.__setattr__(self, "schema_version", RANKED_SCHEMA_VERSION)
         if self.selection_bias is not None:
             try:
                 rows = tuple(tuple(float(v) for v in row) for row in self.selection_bias)
@@ -93,10 +104,11 @@ class TraceMeta:
 
     def check(self) -> None:
         """Raise MoesimError on metadata that cannot describe a valid trace."""
-        if self.schema_version != SCHEMA_VERSION:
-            raise MoesimError(
-                f"unsupported trace schema version {self.schema_version!r} (this moesim reads version {SCHEMA_VERSION})"
-            )
+        if self.schema_version not in SCHEMA_VERSIONS:
+            raise MoesimError(_version_error(self.schema_version))
+        if (self.layout == "ranked") != (self.schema_version == RANKED_SCHEMA_VERSION):
+            raise MoesimError(f"schema version {self.schema_version} does not go with the {self.layout} layout "
+                              f"(version {RANKED_SCHEMA_VERSION} is the ranked layout, version 1 the others)")
         for name in ("model_id", "family"):
             if not isinstance(getattr(self, name), str):
                 raise MoesimError(f"trace metadata field {name} must be a string, got {getattr(self, name)!r}")
@@ -133,7 +145,15 @@ class TraceMeta:
             raise MoesimError("a layer cannot be both dense and MoE (dense_layers overlaps moe_layers)")
         if self.layout == "dense" and self.n_candidates != self.n_experts:
             raise MoesimError("a dense trace scores all E experts (n_candidates must equal E)")
-        if self.layout == "sparse" and not (self.top_k <= self.n_candidates <= self.n_experts):
+        if self.logit_scale is not None:
+            ls = self.logit_scale
+            if (self.layout != "ranked" or isinstance(ls, bool) or not isinstance(ls, (int, float))
+                    or not math.isfinite(ls) or ls <= 0 or math.frexp(ls)[0] != 0.5):
+                raise MoesimError(f"logit_scale must be a power of two and only goes with the ranked layout, "
+                                  f"got {ls!r}")
+            if self.gating == "sigmoid" or self.top_k < 2:
+                raise MoesimError("logit_scale (gate logits as gaps) needs softmax gating and top-k >= 2")
+        if self.layout in ("sparse", "ranked") and not (self.top_k <= self.n_candidates <= self.n_experts):
             raise MoesimError(
                 f"a sparse trace needs k <= M <= E candidates per row, got M={self.n_candidates}, "
                 f"k={self.top_k}, E={self.n_experts}"
@@ -161,6 +181,8 @@ class TraceMeta:
         if doc["tie_order"] == "lower_id":
             # the default is left out, so traces written without the field stay byte for byte the same
             del doc["tie_order"]
+        if doc["logit_scale"] is None:
+            del doc["logit_scale"]  # likewise
         return json.dumps(doc, sort_keys=True)
 
     @classmethod
@@ -177,10 +199,8 @@ class TraceMeta:
             # copying or printing it (info, sweep rows) would recurse once per level
             raise MoesimError(f"trace metadata is nested more than {MAX_DEPTH} levels deep")
         version = doc.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise MoesimError(
-                f"unsupported trace schema version {version!r} (this moesim reads version {SCHEMA_VERSION})"
-            )
+        if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
+            raise MoesimError(_version_error(version))
         names = {f.name for f in dataclasses.fields(cls)}
         required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
                     and f.default_factory is dataclasses.MISSING]
@@ -201,6 +221,11 @@ class TraceMeta:
 
     def replace(self, **changes) -> TraceMeta:
         return dataclasses.replace(self, **changes)
+
+
+def _version_error(version) -> str:
+    return (f"unsupported trace schema version {version!r} "
+            f"(this moesim reads versions {', '.join(map(str, SCHEMA_VERSIONS))})")
 
 
 MAX_DEPTH = 64  # levels of nesting a metadata document may have (real ones have 4)

@@ -1,4 +1,4 @@
-"""Open a v1 trace, check its schema and metadata, and stream its row groups."""
+"""Open a trace, check its schema and metadata, and stream its row groups."""
 
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ class TraceFile:
         if missing:
             raise MoesimError(f"{self.path}: missing column(s) {', '.join(missing)} for a {self.meta.layout} trace")
         m, k, e = self.meta.n_candidates, self.meta.top_k, self.meta.n_experts
-        widths = {"logits": e, "top_ids": m, "top_logits": m, "selected": k, "weights": k, "counts": e}
+        widths = {"logits": e, "top_ids": m, "top_logits": m, "selected": k, "weights": k, "counts": e,
+                  "gate_logits": k}
         integral = {"top_ids", "selected", "counts"}
         for name, width in widths.items():
             if name not in names:
@@ -114,6 +115,8 @@ class TraceFile:
                                       or pa.types.is_floating(self.schema.field(name).type)):
                 raise MoesimError(f"{self.path}: column {name} must be numeric ({want}), "
                                   f"found {self.schema.field(name).type}")
+        if self.meta.layout == "ranked":
+            self._check_ranked(names)
         if self.meta.layout == "counts":
             extra = [c for c in ("selected", "weights", "logits", "top_ids", "top_logits") if c in names]
             if extra:
@@ -126,6 +129,21 @@ class TraceFile:
                     raise MoesimError(f"{self.path}: column {name} must hold strings, found {t}")
         if "weights" in names and "selected" not in names:
             raise MoesimError(f"{self.path}: column weights needs the column selected")
+
+    def _check_ranked(self, names: set) -> None:
+        from moesim.traces.ranked import code_width
+
+        meta = self.meta
+        want = {"ranked_ids": meta.n_candidates * code_width(meta.n_experts)}
+        if meta.logit_scale is not None:
+            want["gate_gaps"] = want["gate_gaps_high"] = meta.top_k - 1
+        elif "weights" not in names and "gate_logits" not in names:
+            raise MoesimError(f"{self.path}: a ranked trace needs gate_logits, gate_gaps or weights for its "
+                              "gate weights")
+        for name, width in want.items():
+            t = self.schema.field(name).type
+            if not (pa.types.is_fixed_size_binary(t) and t.byte_width == width):
+                raise MoesimError(f"{self.path}: column {name} must be fixed_size_binary({width}), found {t}")
 
     @property
     def columns(self) -> list[str]:
@@ -148,16 +166,31 @@ class TraceFile:
     def iter_batches(self, columns: list[str], batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
         """Stream the given columns in file order, ``batch_rows`` (default ``self.batch_rows``)
         rows at a time; a huge row group written by another tool is not loaded whole."""
+        for _, _, batch in self.iter_group_batches(columns, batch_rows):
+            yield batch
+
+    @cached_property
+    def row_group_offsets(self) -> np.ndarray:
+        """File row index of each row group's first row, and the row count at the end."""
+        md = self._pf.metadata
+        return np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)])
+
+    def iter_group_batches(self, columns: list[str], batch_rows: int | None = None,
+                           row_groups: list[int] | None = None) -> Iterator[tuple[int, bool, pa.RecordBatch]]:
+        """Like iter_batches, optionally only the given row groups, yielding (file row index of the
+        batch's first row, first batch of its row group?, batch). A row group decodes on its own in
+        every layout (the ranked layout's move-to-front state restarts at each)."""
         # One row group at a time: iter_batches over the whole file reads ahead across groups.
-        for i in range(self._pf.num_row_groups):
+        for i in range(self._pf.num_row_groups) if row_groups is None else row_groups:
             want, got = self._pf.metadata.row_group(i).num_rows, 0
             try:
                 for batch in self._pf.iter_batches(batch_size=batch_rows or self.batch_rows, columns=columns,
                                                    row_groups=[i]):
+                    start, first = int(self.row_group_offsets[i]) + got, got == 0
                     got += batch.num_rows
                     if got > want:
                         break
-                    yield batch
+                    yield start, first, batch
             except (pa.ArrowException, OSError, ValueError) as exc:
                 raise MoesimError(f"{self.path}: unreadable row data, the file is damaged or truncated "
                                   f"({_short(exc)})") from None

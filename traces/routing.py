@@ -153,44 +153,72 @@ def decode(tf: TraceFile, *, candidates: int | None = None) -> Routing:
     )
 
 
-def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray):
-    """Decode the score columns a row group at a time. Yields (row slice, candidates
-    ranked by selection score [n, M], selected [n, k] in rank order, their normalized
-    weights [n, k]). Only one batch of scores is in memory at a time."""
-    start = 0
-    for batch in tf.iter_batches(score_columns(tf)):
-        n = batch.num_rows
-        rows = slice(start, start + n)
-        yield (rows, *decode_batch(tf, batch, layer_ord[rows]))
-        start += n
+def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
+    """Decode the score columns a row group at a time (all, or only ``row_groups``). Yields (row
+    slice of the file, candidates ranked by selection score [n, M], selected [n, k] in rank order,
+    their normalized weights [n, k]). Only one batch of scores is in memory at a time, in every
+    layout; ``layer_ord`` holds every file row's layer ordinal."""
+    if tf.meta.layout == "ranked":
+        yield from _ranked_batches(tf, layer_ord, row_groups)
+        return
+    for rows, g in _gate_inputs(tf, layer_ord, row_groups):
+        yield (rows, *g.decoded(tf.meta, str(tf.path)))
 
 
-def score_columns(tf: TraceFile) -> list[str]:
-    """The columns decode_batch reads."""
-    dense = tf.meta.layout == "dense"
-    has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
-    return (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
+@dataclass
+class GateInputs:
+    """Rows of a dense or sparse trace decoded up to the gate: ``ranked`` [n, M] candidates,
+    ``sel`` [n, k] the selection (not yet ordered by weight), and what its weights come from:
+    ``raw_weights`` (the trace's weights column) or ``sel_logits`` (the selected experts' logits).
+    ``first_k``: the selection is the k first-ranked candidates (no selected column, no group limit)."""
+
+    ranked: np.ndarray
+    sel: np.ndarray
+    raw_weights: np.ndarray | None
+    sel_logits: np.ndarray | None
+    first_k: bool
+
+    def weights(self, meta: TraceMeta, where: str) -> np.ndarray:
+        if self.raw_weights is not None:
+            try:
+                return gating.normalize(self.raw_weights)
+            except MoesimError as exc:
+                raise MoesimError(f"{where}: {exc}") from None
+        assert self.sel_logits is not None
+        return gating.gate_weights(self.sel_logits, meta.gating)
+
+    def decoded(self, meta: TraceMeta, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ranked candidates, selected in rank order, their normalized weights)."""
+        s_ord, w_ord = gating.order_selected(self.sel, self.weights(meta, where),
+                                             keep_stored=meta.tie_order == "stored")
+        return self.ranked, s_ord, w_ord
 
 
-def decode_batch(tf: TraceFile, batch: pa.RecordBatch, layer_ord: np.ndarray):
-    """Decode one batch of rows (holding the score_columns), whose layer ordinals are ``layer_ord``:
-    (candidates ranked by selection score [n, M], selected [n, k] in rank order, their normalized
-    weights [n, k])."""
-    meta = tf.meta
-    k, E = meta.top_k, meta.n_experts
-    bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
-    has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
-    ids, vals = _scores(batch, meta, tf.path)
-    bias_rows = bias[layer_ord[:, None], ids] if bias is not None else None
-    s = ww = None
-    if has_sel:
-        s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
-        _check_ids(s, E, "selected", tf.path)
-        if has_w:
-            ww = _fixed(batch.column("weights"), k, np.float64, "weights", tf.path)
-            if not np.isfinite(ww).all():
-                raise MoesimError(f"{tf.path}: column weights holds NaN or infinite values")
-    return decode_scores(meta, ids, vals, bias_rows, s, ww, where=str(tf.path))
+def gate_inputs(meta: TraceMeta, ids: np.ndarray, vals: np.ndarray, bias_rows: np.ndarray | None,
+                selected: np.ndarray | None, weights: np.ndarray | None, where: str = "routing") -> GateInputs:
+    """Rows of scores as a trace stores them, decoded up to the gate (see decode_scores)."""
+    k = meta.top_k
+    dense = meta.layout == "dense"
+    stored = meta.tie_order == "stored"
+    score = gating.selection_scores(vals, meta.gating, bias_rows)
+    order = gating.rank_order(ids, score, ids_sorted=dense or stored)
+    ranked_ids = np.take_along_axis(ids, order, axis=1)
+    if selected is not None:
+        if weights is not None:
+            return GateInputs(ranked_ids, selected, weights, None, False)
+        sel_logits, found = gating.lookup(ids, vals, selected, dense=dense)
+        if not found.all():
+            raise MoesimError(f"{where}: a selected expert is not among the row's scored candidates and "
+                              "the trace stores no weights to weigh it")
+        return GateInputs(ranked_ids, selected, None, sel_logits, False)
+    if meta.gating == "sigmoid" and meta.n_group > 1:
+        if not dense:
+            raise MoesimError(f"{where}: group-limited sigmoid routing needs dense logits or a "
+                              "'selected' column")
+        s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
+        sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
+        return GateInputs(ranked_ids, s, None, sel_logits, False)
+    return GateInputs(ranked_ids, ranked_ids[:, :k], None, np.take_along_axis(vals, order[:, :k], axis=1), True)
 
 
 def decode_scores(meta: TraceMeta, ids: np.ndarray, vals: np.ndarray, bias_rows: np.ndarray | None,
@@ -200,39 +228,94 @@ def decode_scores(meta: TraceMeta, ids: np.ndarray, vals: np.ndarray, bias_rows:
     selected [n, k] in rank order, their normalized weights [n, k]). ``ids``/``vals``: the
     scored experts and their logits (float64 of the stored float32); ``bias_rows``: the
     selection bias of each row's ids; ``selected``/``weights``: the model's own choice when
-    stored. The one decode both a trace file and the emulator's in-memory routing go through."""
-    k = meta.top_k
+    stored. The one decode both a trace file and the emulator's in-memory routing go through
+    (the ranked layout stores its result: _ranked_batches)."""
+    return gate_inputs(meta, ids, vals, bias_rows, selected, weights, where).decoded(meta, where)
+
+
+def _gate_inputs(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
+    """(row slice, GateInputs) per batch of a dense or sparse trace, checked."""
+    meta = tf.meta
+    k, E = meta.top_k, meta.n_experts
     dense = meta.layout == "dense"
+    bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
+    has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
+    cols = (["logits"] if dense else ["top_ids", "top_logits", "lse"]) + ["selected"] * has_sel + ["weights"] * has_w
+    for start, _, batch in tf.iter_group_batches(cols, row_groups=row_groups):
+        n = batch.num_rows
+        rows = slice(start, start + n)
+        ids, vals = _scores(batch, meta, tf.path)
+        bias_rows = bias[layer_ord[rows][:, None], ids] if bias is not None else None
+        s = ww = None
+        if has_sel:
+            s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
+            _check_ids(s, E, "selected", tf.path)
+            if has_w:
+                ww = _weights(batch, k, tf.path)
+        yield rows, gate_inputs(meta, ids, vals, bias_rows, s, ww, where=str(tf.path))
+
+
+def _weights(batch: pa.RecordBatch, k: int, path: Path) -> np.ndarray:
+    ww = _fixed(batch.column("weights"), k, np.float64, "weights", path)
+    if not np.isfinite(ww).all():
+        raise MoesimError(f"{path}: column weights holds NaN or infinite values")
+    return ww
+
+
+def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
+    """_decoded_batches of the ranked layout: move-to-front decode of the candidates (state restarted
+    at every row group), the selection and its gate weights from the stored gate column."""
+    from moesim.traces import ranked as rk
+
+    meta = tf.meta
+    L, k, E, M = meta.n_layers, meta.top_k, meta.n_experts, meta.n_candidates
+    has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
+    gaps = meta.logit_scale is not None
+    logits = not gaps and not has_w
     stored = meta.tie_order == "stored"
-    score = gating.selection_scores(vals, meta.gating, bias_rows)
-    order = gating.rank_order(ids, score, ids_sorted=dense or stored)
-    ranked_ids = np.take_along_axis(ids, order, axis=1)
-    if selected is not None:
-        s = selected
-        if weights is not None:
-            try:
-                ww = gating.normalize(weights)
-            except MoesimError as exc:
-                raise MoesimError(f"{where}: {exc}") from None
+    width = rk.code_width(E)
+    cols = ["ranked_ids"] + ["gate_gaps", "gate_gaps_high"] * gaps + ["gate_logits"] * logits + ["selected"] * has_sel \
+        + ["weights"] * has_w
+    mtf = rk.codec()
+    lists = None
+    for start, first, batch in tf.iter_group_batches(cols, row_groups=row_groups):
+        n = batch.num_rows
+        rows = slice(start, start + n)
+        if first or lists is None:
+            lists, _ = rk.new_state(L, E)
+        col = batch.column("ranked_ids")
+        if col.null_count:
+            raise MoesimError(f"{tf.path}: column ranked_ids has missing values")
+        codes = rk.unpack(rk.binary_rows(col, M * width), M, width)
+        # layer_ord is only sliced by file rows (a streamed decode passes one row group's ordinals)
+        ids, good = mtf.decode(codes, np.ascontiguousarray(layer_ord[rows], dtype=np.int32), lists)
+        if good < n:
+            raise MoesimError(f"{tf.path}: column ranked_ids row {start + good} holds a code out of 0..{E - 1} or "
+                              "repeats one (damaged file)")
+        ranked = ids.astype(np.int64)
+        if has_sel:
+            s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
+            _check_ids(s, E, "selected", tf.path)
         else:
-            sel_logits, found = gating.lookup(ids, vals, s, dense=dense)
-            if not found.all():
-                raise MoesimError(f"{where}: a selected expert is not among the row's scored candidates and "
-                                  "the trace stores no weights to weigh it")
-            ww = gating.gate_weights(sel_logits, meta.gating)
-    else:
-        if meta.gating == "sigmoid" and meta.n_group > 1:
-            if not dense:
-                raise MoesimError(f"{where}: group-limited sigmoid routing needs dense logits or a "
-                                  "'selected' column")
-            s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
-            sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
+            s = ranked[:, :k]
+        if has_w:
+            ww = GateInputs(ranked, s, _weights(batch, k, tf.path), None, False).weights(meta, str(tf.path))
+        elif gaps:
+            gcol = batch.column("gate_gaps")
+            if gcol.null_count:
+                raise MoesimError(f"{tf.path}: column gate_gaps has missing values")
+            g = rk.gaps_of(gcol, batch.column("gate_gaps_high"), k - 1)
+            x = np.zeros((n, k), dtype=np.float64)
+            # logits relative to the first-ranked one: softmax gate weights do not change under a shift
+            np.cumsum(-g, axis=1, out=x[:, 1:])
+            ww = gating.gate_weights(x * meta.logit_scale, meta.gating)
         else:
-            s = ranked_ids[:, :k]
-            sel_logits = np.take_along_axis(vals, order[:, :k], axis=1)
-        ww = gating.gate_weights(sel_logits, meta.gating)
-    s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
-    return ranked_ids, s_ord, w_ord
+            gl = _fixed(batch.column("gate_logits"), k, np.float64, "gate_logits", tf.path)
+            if not np.isfinite(gl).all():
+                raise MoesimError(f"{tf.path}: column gate_logits holds NaN or infinite values")
+            ww = gating.gate_weights(gl, meta.gating)
+        s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
+        yield rows, ranked, s_ord, w_ord
 
 
 def validate_trace(path: str | os.PathLike | TraceFile) -> dict:

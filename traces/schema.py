@@ -1,7 +1,9 @@
-"""Arrow schema of a v1 trace: one row per (sequence, token position, MoE layer).
+"""Arrow schema of a trace: one row per (sequence, token position, MoE layer).
 
 A frequency-only trace (layout ``counts``) has one row per (request, MoE layer)
-instead, with ``pos`` = 0 and a ``counts`` column of E integers.
+instead, with ``pos`` = 0 and a ``counts`` column of E integers. The ``ranked``
+layout (schema version 2) stores move-to-front codes of the ranked candidates
+and only the scores the gate weights need (docs/trace-format.md).
 """
 
 from __future__ import annotations
@@ -15,14 +17,30 @@ REQUIRED_COLUMNS = ("seq", "pos", "layer", "phase")
 DENSE_COLUMNS = ("logits",)
 SPARSE_COLUMNS = ("top_ids", "top_logits", "lse")
 COUNTS_COLUMNS = ("counts",)
-LAYOUT_COLUMNS = {"dense": DENSE_COLUMNS, "sparse": SPARSE_COLUMNS, "counts": COUNTS_COLUMNS}
+RANKED_COLUMNS = ("ranked_ids",)
+LAYOUT_COLUMNS = {"dense": DENSE_COLUMNS, "sparse": SPARSE_COLUMNS, "counts": COUNTS_COLUMNS,
+                  "ranked": RANKED_COLUMNS}
 
 
 def required_columns(meta: TraceMeta) -> tuple[str, ...]:
     """Columns a trace with this metadata must have. The phase of a counts row is
-    optional: MoE-Infinity-style counts cover a whole request, prompt and output."""
+    optional: MoE-Infinity-style counts cover a whole request, prompt and output.
+    A ranked trace also needs its gate scores: ``gate_gaps`` with a ``logit_scale``,
+    else ``gate_logits`` unless it stores ``weights`` (checked by the reader)."""
     keys = KEY_COLUMNS if meta.layout == "counts" else REQUIRED_COLUMNS
-    return (*keys, *LAYOUT_COLUMNS[meta.layout])
+    cols = LAYOUT_COLUMNS[meta.layout]
+    if meta.layout == "ranked" and meta.logit_scale is not None:
+        cols = (*cols, "gate_gaps", "gate_gaps_high")
+    return (*keys, *cols)
+
+
+def gate_column(meta: TraceMeta, weights: bool) -> str | None:
+    """The ranked layout's gate-score column: ``gate_gaps`` (integer gaps in ``logit_scale`` units
+    between the k first-ranked logits), ``gate_logits`` (the logits of the selected experts), or
+    none when the trace stores the weights themselves."""
+    if meta.logit_scale is not None:
+        return "gate_gaps"
+    return None if weights else "gate_logits"
 
 
 def arrow_schema(meta: TraceMeta, *, domain: bool, token: bool, selected: bool, weights: bool,
@@ -47,6 +65,18 @@ def arrow_schema(meta: TraceMeta, *, domain: bool, token: bool, selected: bool, 
             pa.field("top_logits", pa.list_(pa.float32(), m), nullable=False),
             pa.field("lse", pa.float32(), nullable=False),
         ]
+    elif meta.layout == "ranked":
+        from moesim.traces.ranked import code_width
+
+        fields.append(pa.field("ranked_ids", pa.binary(meta.n_candidates * code_width(meta.n_experts)),
+                               nullable=False))
+        gate = gate_column(meta, weights)
+        if gate == "gate_gaps":
+            # low bytes; the high bytes only in the rare rows with a gap >= 256 (null elsewhere: no bytes)
+            fields += [pa.field("gate_gaps", pa.binary(meta.top_k - 1), nullable=False),
+                       pa.field("gate_gaps_high", pa.binary(meta.top_k - 1))]
+        elif gate == "gate_logits":
+            fields.append(pa.field("gate_logits", pa.list_(pa.float32(), meta.top_k), nullable=False))
     else:
         fields.append(pa.field("counts", pa.list_(pa.int32(), meta.n_experts), nullable=False))
     if selected:

@@ -28,7 +28,7 @@ import numpy as np
 from moesim.errors import MoesimError
 from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.reader import TraceFile
-from moesim.traces.routing import Routing, decode_batch, score_columns
+from moesim.traces.routing import Routing, _decoded_batches
 
 CHUNK_BYTES = 32 << 20  # decoded bytes per chunk a replay reads (about; whole tokens)
 NO_NEXT = np.uint32(0xFFFFFFFF)
@@ -311,9 +311,9 @@ class _Writers:
 
 
 def token_chunks(tf: TraceFile, chunk_tokens: int):
-    """Decode a trace file in token order, at least ``chunk_tokens`` whole tokens at a time (one batch
-    of rows in memory at a time). Yields (seq [n] int32, phase [n] int8, sel [n, L, k] int16,
-    w [n, L, k] float32, cand [n, L, M] int16). The rows must come in token order; the checks of
+    """Decode a trace file in token order, at least ``chunk_tokens`` whole tokens at a time (one row
+    group in memory at a time, in every layout). Yields (seq [n] int32, phase [n] int8, sel [n, L, k]
+    int16, w [n, L, k] float32, cand [n, L, M] int16). The rows must come in token order; the checks of
     ``TraceFile.index_keys`` (each token has every MoE layer once, its rows agree on the phase) are
     made chunk by chunk."""
     meta = tf.meta
@@ -323,11 +323,15 @@ def token_chunks(tf: TraceFile, chunk_tokens: int):
     lut[list(meta.moe_layers)] = np.arange(L)
     has_phase = "phase" in tf.columns
     keys = ["seq", "pos", "layer"] + ["phase"] * has_phase
-    pending: list[tuple] = []  # decoded rows not yet emitted (the last token may go on in the next batch)
+    pending: list[tuple] = []  # decoded rows not yet emitted (the last token may go on in the next group)
     last_key = -1
-    for batch in tf.iter_batches(score_columns(tf) + keys):
-        seq = _col(batch, "seq", tf.path)
-        pos = _col(batch, "pos", tf.path)
+    for g in range(tf.num_row_groups):
+        parts = [(start, batch) for start, _, batch in tf.iter_group_batches(keys, row_groups=[g])]
+        if not parts:
+            continue
+        g0 = parts[0][0]
+        seq = np.concatenate([_col(b, "seq", tf.path) for _, b in parts])
+        pos = np.concatenate([_col(b, "pos", tf.path) for _, b in parts])
         if (seq < 0).any() or (pos < 0).any() or (seq >= 2**31).any() or (pos >= 2**31).any():
             raise MoesimError(f"{tf.path}: seq and pos must be non-negative 32-bit integers")
         key = (seq << 32) | pos
@@ -335,21 +339,33 @@ def token_chunks(tf: TraceFile, chunk_tokens: int):
             raise MoesimError(f"{tf.path}: rows are not in token order ((seq, pos) ascending, the rows of a "
                               "token together), which a streamed replay needs; replay it in memory (--no-stream)")
         last_key = int(key[-1])
-        lord = _layer_ords(batch, lut, lut_size, tf.path)
-        ranked, s_ord, w_ord = decode_batch(tf, batch, lord)
-        phase = _phases(batch, tf.path) if has_phase else np.full(len(seq), -1, np.int8)
-        pending.append((key, seq.astype(np.int32), phase, lord.astype(np.int16), s_ord.astype(np.int16),
-                        w_ord.astype(np.float32), ranked.astype(np.int16)))
+        lord = np.concatenate([_layer_ords(b, lut, lut_size, tf.path) for _, b in parts])
+        phase = np.concatenate([_phases(b, tf.path) for _, b in parts]) if has_phase \
+            else np.full(len(seq), -1, np.int8)
+        for rows, ranked, s_ord, w_ord in _decoded_batches(tf, _GroupRows(lord, g0), row_groups=[g]):
+            r = slice(rows.start - g0, rows.stop - g0)
+            pending.append((key[r], seq[r].astype(np.int32), phase[r], lord[r].astype(np.int16),
+                            s_ord.astype(np.int16), w_ord.astype(np.float32), ranked.astype(np.int16)))
         if sum(len(p[0]) for p in pending) >= chunk_tokens * L:
-            parts = [np.concatenate([p[i] for p in pending]) for i in range(7)]
-            cut = int(np.searchsorted(parts[0], parts[0][-1], side="left"))
+            cat = [np.concatenate([p[i] for p in pending]) for i in range(7)]
+            cut = int(np.searchsorted(cat[0], cat[0][-1], side="left"))
             if cut > 0:
-                yield _assemble(tf, meta, [p[:cut] for p in parts])
-            pending = [tuple(p[cut:] for p in parts)]
+                yield _assemble(tf, meta, [p[:cut] for p in cat])
+            pending = [tuple(p[cut:] for p in cat)]
     if pending:
-        parts = [np.concatenate([p[i] for p in pending]) for i in range(7)]
-        if len(parts[0]):
-            yield _assemble(tf, meta, parts)
+        cat = [np.concatenate([p[i] for p in pending]) for i in range(7)]
+        if len(cat[0]):
+            yield _assemble(tf, meta, cat)
+
+
+class _GroupRows:
+    """One row group's layer ordinals, indexed by file rows (what _decoded_batches slices)."""
+
+    def __init__(self, values: np.ndarray, first_row: int):
+        self.values, self.first_row = values, first_row
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return self.values[rows.start - self.first_row:rows.stop - self.first_row]
 
 
 def _assemble(tf, meta, parts):

@@ -9,6 +9,7 @@ log-sum-exp over all E, computed from the same full logits.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zlib
@@ -23,8 +24,10 @@ from moesim.traces.synth_presets import PRESETS, RoutingKnobs, preset_names
 from moesim.traces.writer import TraceWriter
 
 GENERATOR = "moesim-synth"
-GENERATOR_VERSION = 1
-CHUNK_TOKENS = 64  # tokens generated per block; fixed, so the random stream never depends on memory
+GENERATOR_VERSION = 2
+GENERATORS = (1, 2)  # 1: the original numpy generator, kept to rebuild traces it made
+CHUNK_TOKENS = 64  # generator 1: tokens per block; fixed, so the random stream never depends on memory
+CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per kernel call (any size: same trace)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -165,7 +168,8 @@ def log_sum_exp(x: np.ndarray) -> np.ndarray:
     return (mx[:, 0] + np.log(np.exp(x - mx).sum(axis=1)))
 
 
-def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0) -> str:
+def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0, layout="ranked",
+                 generator=GENERATOR_VERSION) -> str:
     parts = ["moesim synth", f"--preset {preset}", f"--tokens {tokens}", f"--seqs {seqs}", f"--seed {seed}"]
     if domains is not None:
         parts.append(f"--domains {','.join(domains) if domains else 'none'}")
@@ -173,23 +177,39 @@ def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, pre
         parts.append(f"--candidates {candidates}")
     if prefill:
         parts.append(f"--prefill {prefill}")
+    if layout != "ranked":
+        parts.append(f"--layout {layout}")
+    if generator != GENERATOR_VERSION:
+        parts.append(f"--generator {generator}")
     parts.append(f"-o {path}")
     return " ".join(parts)
 
 
+LAYOUTS = ("ranked", "sparse")
+
+
 def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: list[str] | None = None,
                path: str | os.PathLike = "synthetic.parquet", *, candidates: int | None = None, prefill: int = 0,
-               knobs: RoutingKnobs | None = None, command: str | None = None) -> Path:
-    """Write a synthetic v1 trace (sparse layout) and return its path.
+               knobs: RoutingKnobs | None = None, command: str | None = None, layout: str = "ranked",
+               generator: int = GENERATOR_VERSION) -> Path:
+    """Write a synthetic trace and return its path: the compact ``ranked`` layout (the default:
+    ranked candidates and the gate logits as gaps on the knobs' grid) or the ``sparse`` layout
+    (every candidate's logit and the log-sum-exp over all E; same routing, same replays).
 
     ``domains``: None -> the preset's default domains; [] -> no domain structure (no domain column).
     ``candidates``: M stored per row (default: the preset's, capped at E). The first ``prefill``
     positions of every sequence are marked phase 'prefill', the rest 'decode'.
-    ``knobs`` overrides the preset's routing knobs (calibration experiments)."""
+    ``knobs`` overrides the preset's routing knobs (calibration experiments). ``generator`` 1 is the
+    original numpy implementation (same model, other random numbers, ~10x slower), kept so that
+    traces it wrote can be rebuilt byte for byte."""
     from moesim import __version__
     from moesim.costmodel.models import load_model
 
     check_args(preset, tokens, seqs, seed, domains, prefill)
+    if layout not in LAYOUTS:
+        raise MoesimError(f"unknown synthetic trace layout {layout!r} (use {' or '.join(LAYOUTS)})")
+    if generator not in GENERATORS:
+        raise MoesimError(f"unknown generator {generator!r} (use {' or '.join(map(str, GENERATORS))})")
     tokens, seqs, seed, prefill = int(tokens), int(seqs), int(seed), int(prefill)
     model = load_model(preset)
     kn = knobs if knobs is not None else PRESETS[preset]
@@ -208,45 +228,169 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     seq, pos, dom = plan_tokens(tokens, seqs, len(names), kn, weights, _rng(seed, "layout"))
     base = base_scores(seed, L, E, names, kn)
     sigmoid = model.gating == "sigmoid"
+    ranked = layout == "ranked"
+    gaps = ranked and not sigmoid and k > 1 and _power_of_two(kn.grid)
     path = Path(path)
     meta = TraceMeta(
         model_id=model.hf_id or model.name, family=model.family, n_experts=E, top_k=k,
-        moe_layers=model.moe_layers, gating=model.gating, norm_topk_prob=model.norm_topk_prob, layout="sparse",
-        n_candidates=M, routed_scaling_factor=model.routed_scaling_factor, n_shared_experts=model.n_shared_experts,
+        moe_layers=model.moe_layers, gating=model.gating, norm_topk_prob=model.norm_topk_prob, layout=layout,
+        n_candidates=M, logit_scale=kn.grid if gaps else None, routed_scaling_factor=model.routed_scaling_factor,
+        n_shared_experts=model.n_shared_experts,
         dense_layers=model.dense_layers, bytes_per_expert=model.bytes_per_expert_table(),
         n_group=model.n_group, topk_group=model.topk_group, synthetic=True,
-        tracer={"name": GENERATOR, "version": f"{__version__} (generator {GENERATOR_VERSION})"},
+        tracer={"name": GENERATOR, "version": f"{__version__} (generator {generator})"},
         source={
             "preset": preset, "tokens": tokens, "seqs": seqs, "seed": seed,
             "domains": use_domains, "prefill": prefill, "candidates": M,
-            "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill),
-            "generator": GENERATOR_VERSION, "knobs": kn.to_dict(),
+            "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill,
+                                               layout, generator),
+            "generator": generator, "knobs": kn.to_dict(),
             "note": "synthetic routing from a generative model calibrated to published statistics; "
                     "not recorded from the model",
         },
     )
     layers = np.asarray(model.moe_layers, dtype=np.int16)
-    phase_names = np.array(["decode", "prefill"])
+    phase_codes = np.where(pos < prefill, 0, 1).astype(np.int8)  # codes into PHASES
+    chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked) if generator == 1 \
+        else _ahead(_chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
     with TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
-                     weights=sigmoid) as writer:
-        for rows, scores in _scores(base, seq, pos, dom, kn, _rng(seed, "tokens")):
+                     weights=sigmoid, compression_level=3 if ranked else 9) as writer:
+        for rows, ids, top_q, q_full, lse in chunks:
             c = rows.stop - rows.start
-            q = _quantize(scores, kn).reshape(c * L, E)
-            ids, top_q = top_candidates(q, M)
-            x = q.astype(np.float64) * kn.grid
-            extra = {}
+            extra: dict = {}
             if sigmoid:
+                x = q_full.astype(np.float64) * kn.grid
                 sel, w = _sigmoid_route(x, k, model.n_group, model.topk_group, model.routed_scaling_factor)
                 extra = {"selected": sel, "weights": w}
             if with_column:
-                extra["domain"] = np.repeat(np.asarray(names)[dom[rows]], L)
+                extra["domain"] = np.repeat(dom[rows], L)
+            if ranked:
+                extra.update(_ranked_columns(ids, top_q, kn.grid, k, model.gating, meta.logit_scale))
+            else:
+                extra.update(top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32),
+                             lse=lse.astype(np.float32))
             writer.write(
                 seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=np.tile(layers, c),
-                phase=np.repeat(phase_names[(pos[rows] < prefill).astype(np.int64)], L),
-                top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32), lse=log_sum_exp(x).astype(np.float32),
-                **extra,
+                phase=np.repeat(phase_codes[rows], L), **extra,
             )
     return path
+
+
+def _chunks_v1(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool):
+    """Generator 1 (numpy): yield (token slice, ranked ids [n, M], their q [n, M], every q [n, E] or
+    None, lse [n] or None) per block of CHUNK_TOKENS tokens, n = tokens x layers."""
+    _, L, E = base.shape
+    for rows, scores in _scores(base, seq, pos, dom, kn, _rng(seed, "tokens")):
+        c = rows.stop - rows.start
+        q = _quantize(scores, kn).reshape(c * L, E)
+        ids, top_q = top_candidates(q, M)
+        yield rows, ids, top_q, q if full else None, log_sum_exp(q * kn.grid) if lse else None
+
+
+def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool):
+    """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
+    jitted and parallel over layers; same yields as _chunks_v1."""
+    from moesim.jitcache import jitted
+
+    # numba's OpenMP threads otherwise spin between kernel calls, taking a core from the writer
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    kern = jitted("moesim.traces.synth_kernel")
+    D, L, E = base.shape
+    if E > 1 << kern.ID_BITS:
+        raise MoesimError(f"generator 2 handles up to {1 << kern.ID_BITS} experts, not {E}: use --generator 1")
+    T = len(seq)
+    key = np.uint64(_rng(seed, "tokens-v2").integers(0, 2**63))
+    ntab, gtab = _quantile_tables()
+    newseq = np.ones(T, dtype=np.bool_)
+    newseq[1:] = (pos[1:] == 0) | (seq[1:] != seq[:-1])
+    rho = min(max(float(kn.rho), 0.0), 0.9999)
+    innov = float(np.sqrt(1.0 - rho ** 2) * kn.drift)
+    z = np.zeros((L, E), dtype=np.float32)
+    width = min(E + 1, M + 24)
+    thr = np.full(L, np.iinfo(np.int32).max, dtype=np.int32)
+    chunk = max(1, CHUNK_ROWS_2 // L)
+    for start in range(0, T, chunk):
+        c = min(chunk, T - start)
+        keys = np.empty((c * L, width), dtype=np.int32)
+        counts = np.empty(c * L, dtype=np.int32)
+        q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
+        lse_out = np.empty(c * L if lse else 0, dtype=np.float64)
+        f32 = np.float32
+        kern.generate(key, start, L, base, dom[start:start + c].astype(np.int64), newseq[start:start + c], z,
+                      f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
+                      f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out)
+        keys.sort(axis=1)  # numpy's vectorized sort of the ~M + 12 candidates per row
+        ids, top_q = kern.unpack_keys(keys, M)
+        yield slice(start, start + c), ids, top_q, q_full if full else None, lse_out if lse else None
+
+
+def _ahead(chunks, depth: int = 2):
+    """Run a chunk generator in a thread, ``depth`` chunks ahead, so that generating (numba and
+    numpy release the GIL) overlaps with encoding and compressing the previous chunks."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def run():
+        try:
+            for item in chunks:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as exc:  # handed to the consumer
+            q.put(exc)
+
+    t = threading.Thread(target=run, name="moesim-synth", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join()
+
+
+_TABLES: dict = {}
+
+
+def _quantile_tables():
+    if not _TABLES:
+        from moesim.jitcache import jitted
+
+        _TABLES["t"] = jitted("moesim.traces.synth_kernel").tables()
+    return _TABLES["t"]
+
+
+def _power_of_two(x: float) -> bool:
+    return x > 0 and math.frexp(x)[0] == 0.5
+
+
+def _ranked_columns(ids: np.ndarray, top_q: np.ndarray, grid: float, k: int, gating_name: str,
+                    logit_scale: float | None) -> dict:
+    """The ranked layout's columns from the best M (ids, integer logits) per row, ranked by
+    (logit desc, id asc): for sigmoid gating re-ranked by the decoder's own selection score
+    (sigmoid saturates: distinct logits can tie), gate scores as gaps on the grid."""
+    if gating_name == "sigmoid":
+        x = top_q * grid
+        ids = np.take_along_axis(ids, gating.rank_order(ids, gating.selection_scores(x, gating_name, None)), axis=1)
+        return {"ranked_ids": ids}  # DeepSeek-V3's synthetic traces store selected and weights
+    if logit_scale is None:
+        return {"ranked_ids": ids, "gate_logits": (top_q[:, :k] * grid).astype(np.float32)}
+    return {"ranked_ids": ids, "gate_gaps": top_q[:, :k - 1] - top_q[:, 1:k]}
 
 
 def _sigmoid_route(x: np.ndarray, k: int, n_group: int, topk_group: int, scale: float):

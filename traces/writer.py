@@ -1,4 +1,4 @@
-"""Write v1 traces: buffered, row-group at a time, atomically renamed into place."""
+"""Write traces: buffered, row-group at a time, atomically renamed into place."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 
 from moesim.errors import MoesimError
 from moesim.files import Output, write_error
+from moesim.traces import ranked as rk
 from moesim.traces.meta import PHASES, TraceMeta
-from moesim.traces.schema import arrow_schema
+from moesim.traces.schema import arrow_schema, gate_column
 
 DEFAULT_ROW_GROUP = 65536
 
@@ -42,7 +43,8 @@ class TraceWriter:
 
     def __init__(self, path: str | os.PathLike, meta: TraceMeta, *, domains: list[str] | None = None,
                  token: bool = False, selected: bool = False, weights: bool = False,
-                 row_group_size: int = DEFAULT_ROW_GROUP, phase: bool = True, inputs=()):
+                 row_group_size: int = DEFAULT_ROW_GROUP, phase: bool = True, inputs=(),
+                 compression_level: int = 9):
         self.path = Path(path)
         self.meta = meta
         self.domains = list(domains) if domains else None
@@ -52,6 +54,9 @@ class TraceWriter:
             raise MoesimError("a counts (frequency-only) trace has no selected, weights or token columns")
         if row_group_size < 1:
             raise MoesimError(f"row_group_size must be >= 1, got {row_group_size}")
+        if meta.logit_scale is not None and selected:
+            raise MoesimError("gate gaps (logit_scale) are the first-ranked experts' logits: a trace with its own "
+                              "selected column stores gate_logits or weights instead")
         self.has_token, self.has_selected, self.has_weights = token, selected, weights
         self.has_phase = phase or meta.layout != "counts"
         self.schema = arrow_schema(meta, domain=self.domains is not None, token=token,
@@ -61,6 +66,15 @@ class TraceWriter:
         self._layer_ok[list(meta.moe_layers)] = True
         self._buf: list[pa.RecordBatch] = []
         self._buffered = 0
+        # ranked layout: the ids are move-to-front coded per row group, so they wait in the buffer as ids
+        self._ranked = meta.layout == "ranked"
+        self._gate = gate_column(meta, weights) if self._ranked else None
+        self._buf_schema = self.schema.remove(self.schema.get_field_index("ranked_ids")) if self._ranked \
+            else self.schema
+        self._rk_ids: list[np.ndarray] = []
+        self._rk_lay: list[np.ndarray] = []
+        self._lut = np.full(len(self._layer_ok), -1, np.int32)
+        self._lut[list(meta.moe_layers)] = np.arange(meta.n_layers, dtype=np.int32)
         self.rows_written = 0
         # refuses an input of the command or a special file as the destination, before any work
         self._out = Output(self.path, inputs)
@@ -68,11 +82,12 @@ class TraceWriter:
         self._pq: pq.ParquetWriter | None = None
         try:
             self._pq = pq.ParquetWriter(
-                self._tmp, self.schema, compression="zstd", compression_level=9,
+                self._tmp, self.schema, compression="zstd", compression_level=compression_level,
                 use_dictionary=["phase", "domain"], write_statistics=["seq", "pos", "layer"],
                 # CRC32 per page: damaged bytes in incompressible float data would otherwise decode silently
                 write_page_checksum=True,
-                use_byte_stream_split=[c for c in ("logits", "top_logits", "lse", "weights")
+                use_byte_stream_split=[c for c in ("logits", "top_logits", "lse", "weights",
+                                                                  "gate_logits")
                                        if c in self.schema.names],
             )
         except OSError as exc:
@@ -80,16 +95,23 @@ class TraceWriter:
             raise write_error(self.path, exc) from None
 
     def write(self, *, seq, pos, layer, phase="decode", logits=None, top_ids=None, top_logits=None, lse=None,
-              counts=None, domain=None, token=None, selected=None, weights=None) -> None:
-        """Append rows. ``phase``/``domain`` are a name for all rows or an array of names
-        (``domain`` names must be among the writer's ``domains``). Cheap checks run here
-        (lengths, layers, expert ids, finite scores) so a tracer bug fails at the source."""
+              counts=None, domain=None, token=None, selected=None, weights=None, ranked_ids=None, gate_gaps=None,
+              gate_logits=None) -> None:
+        """Append rows. ``phase``/``domain`` are a name for all rows, an array of names
+        (``domain`` names must be among the writer's ``domains``) or an integer array of codes
+        into PHASES / the writer's ``domains``. Cheap checks run here
+        (lengths, layers, expert ids, finite scores) so a tracer bug fails at the source.
+        Ranked layout: ``ranked_ids`` [n, M] best first (ties already broken), and ``gate_gaps``
+        [n, k-1] (integer logit gaps between consecutive first-ranked experts, in logit_scale
+        units) or ``gate_logits`` [n, k] (of ``selected`` when given, else of the k first-ranked)."""
         seq = np.asarray(seq).reshape(-1)
         n = len(seq)
         layout = self.meta.layout
         given = {"logits": logits, "top_ids": top_ids, "top_logits": top_logits, "lse": lse, "counts": counts,
-                 "token": token, "selected": selected, "weights": weights}
-        wanted = {"dense": {"logits"}, "sparse": {"top_ids", "top_logits", "lse"}, "counts": {"counts"}}[layout]
+                 "token": token, "selected": selected, "weights": weights, "ranked_ids": ranked_ids,
+                 "gate_gaps": gate_gaps, "gate_logits": gate_logits}
+        wanted = {"dense": {"logits"}, "sparse": {"top_ids", "top_logits", "lse"}, "counts": {"counts"},
+                  "ranked": {"ranked_ids"} | ({self._gate} if self._gate else set())}[layout]
         wanted |= {name for name, on in (("token", self.has_token), ("selected", self.has_selected),
                                          ("weights", self.has_weights)) if on}
         for name, value in given.items():
@@ -97,7 +119,8 @@ class TraceWriter:
                 raise MoesimError(f"write() needs {name} for this trace ({layout} layout)")
             if value is not None and name not in wanted:
                 raise MoesimError(f"write() got {name}, which this writer does not store ({layout} layout"
-                                  + ("" if name in {"logits", "top_ids", "top_logits", "lse", "counts"}
+                                  + ("" if name in {"logits", "top_ids", "top_logits", "lse", "counts",
+                                                    "ranked_ids", "gate_gaps", "gate_logits"}
                                      else f"; open the writer with {name}=True") + ")")
         cols = {
             "seq": pa.array(self._ints(seq, n, "seq", np.int32)),
@@ -120,6 +143,23 @@ class TraceWriter:
             cols["top_logits"] = _fixed_list(self._finite(top_logits, n, "top_logits"), self.meta.n_candidates,
                                              np.float32)
             cols["lse"] = pa.array(self._broadcast(self._finite(lse, None, "lse").astype(np.float32), n, "lse"))
+        elif layout == "ranked":
+            ids = np.asarray(ranked_ids)
+            if ids.ndim != 2 or ids.shape != (n, self.meta.n_candidates) or (ids.size and ids.dtype.kind not in "iu"):
+                raise MoesimError(f"ranked_ids must be integer expert ids, M={self.meta.n_candidates} per row, "
+                                  f"got an array of shape {ids.shape}")
+            # ids out of 0..E-1 or repeated in a row are caught by the move-to-front coder at the flush
+            self._rk_ids.append(ids.astype(np.int32, copy=False))
+            self._rk_lay.append(self._lut[cols["layer"].to_numpy()])
+            if self._gate == "gate_gaps":
+                g = np.asarray(gate_gaps)
+                if g.shape != (n, self.meta.top_k - 1) or (g.size and (g.dtype.kind not in "iu" or g.min() < 0
+                                                                        or g.max() > 0xFFFF)):
+                    raise MoesimError(f"gate_gaps must be integers in 0..65535, {self.meta.top_k - 1} per row")
+                cols["gate_gaps"], cols["gate_gaps_high"] = rk.gap_columns(g)
+            elif self._gate == "gate_logits":
+                cols["gate_logits"] = _fixed_list(self._finite(gate_logits, n, "gate_logits"), self.meta.top_k,
+                                                  np.float32)
         else:
             c = np.asarray(counts)
             if c.ndim != 2 or c.shape[0] != n or (c.size and (c.dtype.kind not in "iu" or c.min() < 0)):
@@ -129,7 +169,7 @@ class TraceWriter:
             cols["selected"] = _fixed_list(self._ids(selected, n, "selected"), self.meta.top_k, np.int16)
         if self.has_weights:
             cols["weights"] = _fixed_list(self._finite(weights, n, "weights"), self.meta.top_k, np.float32)
-        batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
+        batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self._buf_schema], schema=self._buf_schema)
         self._buf.append(batch)
         self._buffered += n
         if self._buffered >= self.row_group_size:
@@ -189,6 +229,12 @@ class TraceWriter:
             if values not in lookup:
                 raise MoesimError(f"unknown {what} {values!r} (expected one of {', '.join(names)})")
             return np.full(n, lookup[values], dtype=np.int64)
+        if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+            # codes into `names` (a generator that already has them skips the string round trip)
+            codes = values.reshape(-1)
+            if len(codes) != n or (n and (codes.min() < 0 or codes.max() >= len(names))):
+                raise MoesimError(f"{what} codes must be one per row in 0..{len(names) - 1}")
+            return codes
         arr = np.asarray(values, dtype=object).reshape(-1)
         if len(arr) != n:
             raise MoesimError(f"{what} has {len(arr)} values for {n} rows")
@@ -198,13 +244,16 @@ class TraceWriter:
             raise MoesimError(f"unknown {what} {missing[0]!r} (expected one of {', '.join(names)})")
         return np.array([lookup[u] for u in uniq.tolist()], dtype=np.int64)[inverse]
 
-    def _flush(self) -> None:
+    def _flush(self, final: bool = False) -> None:
         if not self._buf:
             return
         if self._pq is None:
             raise MoesimError(f"{self.path}: the writer is closed")
-        table = pa.Table.from_batches(self._buf, schema=self.schema)
+        table = pa.Table.from_batches(self._buf, schema=self._buf_schema)
         try:
+            if self._ranked:
+                self._flush_ranked(table, final)
+                return
             self._pq.write_table(table, row_group_size=self.row_group_size)
         except OSError as exc:  # a full disk: no half-written file stays behind
             self.abort()
@@ -212,8 +261,39 @@ class TraceWriter:
         self.rows_written += table.num_rows
         self._buf, self._buffered = [], 0
 
+    def _flush_ranked(self, table: pa.Table, final: bool) -> None:
+        """Write whole row groups of ``row_group_size`` rows (the rest waits, unless final): each
+        group's ids are move-to-front coded from a fresh state, so a group decodes on its own."""
+        R = self.row_group_size
+        ids, lay = np.concatenate(self._rk_ids), np.concatenate(self._rk_lay)
+        at = self.schema.get_field_index("ranked_ids")
+        mtf = rk.codec()
+        width = rk.code_width(self.meta.n_experts)
+        start = 0
+        while table.num_rows - start >= R or (final and start < table.num_rows):
+            stop = min(start + R, table.num_rows)
+            _, where = rk.new_state(self.meta.n_layers, self.meta.n_experts)
+            codes, bad = mtf.encode(ids[start:stop], lay[start:stop], where, self.meta.n_layers)
+            if bad < stop - start:
+                raise MoesimError(f"ranked_ids repeats an expert within a row or holds one outside "
+                                  f"0..{self.meta.n_experts - 1} (row {self.rows_written + bad})")
+            group = table.slice(start, stop - start).add_column(
+                at, self.schema.field(at), rk.binary_column(rk.pack(codes, width)))
+            assert self._pq is not None  # checked by _flush
+            self._pq.write_table(group, row_group_size=R)
+            self.rows_written += group.num_rows
+            start = stop
+        rest = table.slice(start)
+        self._buf = rest.to_batches() if rest.num_rows else []
+        self._buffered = rest.num_rows
+        self._rk_ids, self._rk_lay = [ids[start:]], [lay[start:]]
+
     def close(self) -> Path:
-        self._flush()
+        try:
+            self._flush(final=True)
+        except BaseException:
+            self.abort()
+            raise
         if self.rows_written == 0:
             self.abort()
             raise MoesimError(f"{self.path}: no rows were written; an empty trace is not published")
@@ -228,7 +308,7 @@ class TraceWriter:
         return self._out.commit()
 
     def abort(self) -> None:
-        self._buf = []
+        self._buf, self._rk_ids, self._rk_lay = [], [], []
         try:
             if self._pq is not None:
                 with contextlib.suppress(OSError):

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("moesim.cli.info", "Read a whole trace and check every row."),
     "profile": ("moesim.cli.profile", "Routing statistics: reuse, working set, domains, gate weights."),
     "synth": ("moesim.cli.synth", "Write a synthetic trace with a real model's geometry."),
+    "compact": ("moesim.cli.compact", "Rewrite a trace in the compact ranked layout (same replays, fewer bytes)."),
     "import": ("moesim.cli.importers", "Convert other tools' routing traces to moesim traces."),
     "policies": ("moesim.cli.policies", "List the eviction and miss policies the replay knows."),
     "simulate": ("moesim.cli.simulate", "Replay a trace through one cache policy."),

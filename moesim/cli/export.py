@@ -33,7 +33,9 @@ from moesim.cli.output import echo
                    "the ideal bandwidth model for static).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=str),
               help="File to write (text for llama.cpp, CSV for pins, JSON for json).")
-def command(trace, budget, slots, policy, fmt, allocation, hw, model, quant, engine, output):
+@click.option("--ci", "ci", type=float, default=None, metavar="LEVEL",
+              help="Also give LEVEL% confidence intervals of the expected hit rate and time (docs/uncertainty.md).")
+def command(trace, budget, slots, policy, fmt, allocation, hw, model, quant, engine, output, ci):
     """Write the experts (or whole layers) a static placement keeps on the GPU
     for TRACE, as an engine takes them, and print the hit rate and time per
     token the replay expects of it (misses computed on the CPU). Give --budget
@@ -48,13 +50,20 @@ def command(trace, budget, slots, policy, fmt, allocation, hw, model, quant, eng
 
     inputs = [trace] + [f for f in (hw, model, engine) if f and Path(f).is_file()]
     check_output(output, inputs)
+    from moesim.cli.output import make_ci
+
     p = placement(trace, budget=budget, slots=slots, policy=policy, allocation=allocation, hw=hw, model=model,
-                  quant=quant, engine=engine)
+                  quant=quant, engine=engine, ci=make_ci(ci, None, "auto"))
     text = p.render(fmt)  # a llama.cpp export of a per-expert policy fails here, before anything is written
     write_placement(p, fmt, output, inputs=inputs)
+    from moesim.reports.placement import with_interval
+
     e = p.expected
-    timed = f", {e['ms_per_token']:.2f} ms/token ({e['priced_as']})" if e.get("ms_per_token") is not None else ""
+    timed = f", {with_interval(e, 'ms_per_token', 1, '.2f')} ms/token ({e['priced_as']})" \
+        if e.get("ms_per_token") is not None else ""
+    note = f" (±: half the {e['ci_level']:g}% interval over {e['ci_units']}; docs/uncertainty.md)" \
+        if e.get("intervals") else ""
     echo(f"wrote {output}: {p.policy} placement, {p.slots_per_layer} slots per layer; expected hit rate "
-               f"{100 * e['hit_rate']:.1f}%{timed}")
+         f"{with_interval(e, 'hit_rate', 100, '.1f')}%{timed}{note}")
     if fmt == "llama.cpp":
         click.echo("".join(line + "\n" for line in text.splitlines() if not line.startswith("#")), nl=False)

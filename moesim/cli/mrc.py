@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import Progress, echo
+from moesim.cli.output import Progress, ci_options, echo, make_ci
 from moesim.cli.simulate import EVICTION_HELP
 from moesim.cli.sweep import FORMAT
 from moesim.policies import registry
@@ -31,8 +31,9 @@ from moesim.policies import registry
 @click.option("--jobs", "-j", type=int, default=None, help="Worker processes for the replays (default: one per core).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Where the replays run (see moesim sweep).")
+@ci_options
 def command(trace, eviction, allocation, slots_grid, budget_grid, warmup_tokens, reset_per_sequence, fmt, output,
-            jobs, executor):
+            jobs, executor, ci, ci_resamples, ci_unit, ci_method):
     """Hit rate of TRACE at every cache size, per eviction policy (fetch-all,
     cold start). LRU: exact at every size from 1 to E slots per layer in one
     pass (stack distances), per layer and for a global pool. Other policies:
@@ -47,13 +48,15 @@ def command(trace, eviction, allocation, slots_grid, budget_grid, warmup_tokens,
 
     if output:
         check_curve_paths(output, [trace])
+    intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     slots = axis("slots", slots_grid) if slots_grid else None
     budgets = axis("budgets", budget_grid) if budget_grid else None
     bar = Progress("mrc")
     try:
         curve, layers = mrc(trace, evictions=list(eviction) or None, allocations=list(allocation) or None,
                             slots=slots, budgets=budgets, warmup_tokens=warmup_tokens,
-                            reset_per_sequence=reset_per_sequence, jobs=jobs, executor=executor, progress=bar)
+                            reset_per_sequence=reset_per_sequence, jobs=jobs, executor=executor, progress=bar,
+                            ci=intervals)
     finally:
         bar.close()
     if output:

@@ -92,3 +92,40 @@ class Progress:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def ci_options(f):
+    """--ci LEVEL, --ci-resamples B, --ci-unit RULE: confidence intervals (docs/uncertainty.md)."""
+    opts = [
+        click.option("--ci", "ci", type=float, default=None, metavar="LEVEL",
+                     help="Add LEVEL% confidence intervals (e.g. 95): a percentile bootstrap over the trace's "
+                          "sequences (blocks of tokens when it has one) of the one replay's counts; tables show "
+                          "value ± half-width (docs/uncertainty.md)."),
+        click.option("--ci-resamples", "ci_resamples", type=int, default=None, metavar="B",
+                     help="Bootstrap resamples for --ci (default 1000; fixed seed)."),
+        click.option("--ci-unit", "ci_unit", type=click.Choice(["auto", "sequence", "block"]), default="auto",
+                     show_default=True,
+                     help="What --ci resamples: sequences (lock-step groups when batched), contiguous blocks of "
+                          "max(64, T/50) tokens, or auto: sequences when there are two or more, else blocks."),
+        click.option("--ci-method", "ci_method", type=click.Choice(["rotated", "single"]), default="rotated",
+                     show_default=True,
+                     help="rotated: count every unit with a warm cache (one more replay, of the trace rotated by "
+                          "half) and the cold start as a fixed offset; single: each unit as the one replay counted "
+                          "it (the first unit carries the cold start)."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def make_ci(level, resamples, unit, method="rotated"):
+    """The CI settings of --ci/--ci-resamples/--ci-unit/--ci-method (None without --ci)."""
+    from moesim.errors import MoesimError
+    from moesim.simulator.bootstrap import CI, DEFAULT_RESAMPLES
+
+    if level is None:
+        if resamples is not None or unit != "auto" or method != "rotated":
+            raise MoesimError("--ci-resamples, --ci-unit and --ci-method need --ci LEVEL (e.g. --ci 95)")
+        return None
+    return CI(level=level, resamples=DEFAULT_RESAMPLES if resamples is None else resamples, unit=unit,
+              method=method)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from moesim.cli.output import ci_options, make_ci
+
 
 @click.command("report")
 @click.argument("results", type=click.Path(dir_okay=False, path_type=str), required=False)
@@ -22,10 +24,13 @@ import click
               help="The config every speed-up divides by (default: the one the sweep used; see moesim sweep).")
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=str), required=True,
               help="Report directory to write (replaced atomically if it holds an earlier report).")
-def command(results, trace, budgets, quality, title, baseline, out):
+@ci_options
+def command(results, trace, budgets, quality, title, baseline, out, ci, ci_resamples, ci_unit, ci_method):
     """Write a self-contained HTML report of sweep RESULTS (results.parquet from `moesim sweep`) and/or
     a --trace to directory -o: index.html works offline (Vega inlined, no network request), every chart
-    also as PNG and SVG, every table as Markdown, LaTeX and CSV (docs/reports.md).
+    also as PNG and SVG, every table as Markdown, LaTeX and CSV (docs/reports.md). Sweep rows with
+    intervals (sweep --ci) show them; --ci adds them to what comes from the trace (hit-rate curve,
+    routing profile).
 
     Example: moesim sweep traces/qwen3next.parquet --budget 0.125 --budget 0.25 --budget 0.5 -o r.parquet &&
     moesim report r.parquet -o report/
@@ -37,8 +42,9 @@ def command(results, trace, budgets, quality, title, baseline, out):
         results, quality = None, results
     if results is None and trace is None and quality is None:
         raise MoesimError("give sweep RESULTS (a results.parquet), --trace TRACE, --quality FILE, or several")
+    intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     manifest = build_report(out, results=results, trace=trace, budgets=list(budgets) or None, title=title,
-                            progress=_progress(), baseline=baseline, quality=quality)
+                            progress=_progress(), baseline=baseline, quality=quality, ci=intervals)
     echo_summary(manifest, out)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, WIDTH, echo, echo_json
+from moesim.cli.output import FORMAT_OPTION, WIDTH, ci_options, echo, echo_json, make_ci
 from moesim.policies import miss, registry
 
 EVICTION_HELP = registry.help_text()
@@ -80,10 +80,11 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
                    "Parquet file.")
 @click.option("--baseline", default="fetch-all", show_default=True, metavar="PRESET|EVICTION/MISS[/admit β]",
               help="The config the speed-up divides by (as in moesim sweep): a preset or a policy.")
+@ci_options
 @STREAM_OPTION
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, hw, model, quant, engine, per_token, baseline, stream, fmt):
+            batch, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, stream, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine, with the speed-up over the baseline (default: the
@@ -99,8 +100,9 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
         check_output(per_token, [trace])
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch)
+    intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
-                       stream=stream)
+                       ci=intervals, stream=stream)
     result = one.result
     if per_token:
         from moesim.files import write_table
@@ -115,6 +117,8 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     if result.timing is not None:
         doc["speedup"] = row["speedup"]
         doc["baseline"] = row["baseline"]
+    if intervals is not None:
+        doc["ci"] = ci_doc(row)
     if fmt == "json":
         echo_json(doc)
         return
@@ -126,6 +130,35 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
             echo(part)
 
 
+def ci_doc(row: dict) -> dict:
+    """The interval part of simulate's JSON: how the intervals were taken and [low, high] per statistic."""
+    from moesim.simulator.bootstrap import ASSUMPTION, SEED
+    from moesim.simulator.units import describe
+    from moesim.sweeps.schema import INTERVAL_STATISTICS
+
+    units = describe(row["ci_unit"], row["ci_units"], row["ci_block_steps"],
+                     "batch step" if row["batch"] > 1 else "token")
+    doc = {"level": row["ci_level"], "resamples": row["ci_resamples"], "seed": SEED, "method_used": row["ci_method"],
+           "unit": row["ci_unit"],
+           "units": row["ci_units"], "block_steps": row["ci_block_steps"], "described": units, "method": ASSUMPTION,
+           "intervals": {name: [row[f"{name}_low"], row[f"{name}_high"]] for name in INTERVAL_STATISTICS
+                         if row.get(f"{name}_low") is not None}}
+    if row["ci_units"] < 2:
+        from moesim.reports.tables import single_unit
+
+        doc["no_interval"] = single_unit(row["ci_unit"], units)
+    return doc
+
+
+def _pm(doc: dict, name: str, value, scale: float = 1.0, spec: str = ".2f") -> str:
+    """``value`` x ``scale`` formatted, followed by ±half the interval of statistic ``name`` when there is one."""
+    text = "-" if value is None else format(value * scale, spec)
+    iv = doc.get("ci", {}).get("intervals", {}).get(name)
+    if not iv or value is None:
+        return text
+    return f"{text}±{format((iv[1] - iv[0]) / 2 * scale, spec)}"
+
+
 def render(doc: dict) -> list[str]:
     t = doc["totals"]
     tag = "SYNTHETIC trace" if doc["trace"]["synthetic"] else "real trace"
@@ -134,11 +167,12 @@ def render(doc: dict) -> list[str]:
         f"policy      {doc['config']['label']}"
         + (f"  ({doc['slots_per_layer']} slots per layer)" if doc["config"]["budget"] is not None else ""),
         f"requests    {t['requests']:,} over {doc['counted_tokens']:,} tokens",
-        f"hit rate    {100 * t['hit_rate']:.2f}%   misses {t['misses']:,} = fetches {t['fetches']:,} + "
-        f"substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}",
-        f"substituted {100 * t['substitution_rate']:.2f}% of requests, dropped {100 * t['drop_rate']:.2f}%, "
+        f"hit rate    {_pm(doc, 'hit_rate', t['hit_rate'], 100)}%   misses {t['misses']:,} = "
+        f"fetches {t['fetches']:,} + substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}",
+        f"substituted {_pm(doc, 'substitution_rate', t['substitution_rate'], 100)}% of requests, "
+        f"dropped {_pm(doc, 'drop_rate', t['drop_rate'], 100)}%, "
         f"first choices substituted or dropped {t['first_choice_substitutions']:,}, "
-        f"mass per step {t['mass_per_step']:.4f}",
+        f"mass per step {_pm(doc, 'mass_per_step', t['mass_per_step'], 1, '.4f')}",
         "class       " + ("always runs the router's first choice" if doc["keeps_first_choice"]
                           else "may substitute or drop the router's first choice"),
         f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
@@ -147,9 +181,9 @@ def render(doc: dict) -> list[str]:
         tm = doc["timing"]
         by = tm["bytes_per_token"]
         lines += [
-            f"time        {1e3 * tm['s_per_token']:.2f} ms/token "
+            f"time        {_pm(doc, 'ms_per_token', 1e3 * tm['s_per_token'])} ms/token "
             f"({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
-            f"{_times(doc['speedup'])} vs {doc['baseline']}",
+            f"{_pm(doc, 'speedup', doc['speedup'])}x vs {doc['baseline']}",
             f"priced as   {doc['priced_as']} (quantization {doc['quant_choice']})",
             f"moved/token link {by['link_sync'] / 1e6:.1f} MB sync + {by['link_background'] / 1e6:.1f} MB background, "
             f"NVMe {by['nvme'] / 1e6:.1f} MB, CPU {by['cpu'] / 1e6:.1f} MB",
@@ -159,6 +193,15 @@ def render(doc: dict) -> list[str]:
                          f"{tm['hw']} has {tm['vram_bytes_free_for_experts'] / 2**30:.1f} GiB free for experts")
     else:
         lines.append(f"time        not priced: {doc['priced_as']}")
+    if "ci" in doc:
+        from moesim.simulator.bootstrap import method_note
+
+        c = doc["ci"]
+        lines.append(f"interval    none: {c['no_interval']}" if "no_interval" in c else
+                     f"interval    ± = half the {c['level']:g}% interval: percentile bootstrap over {c['described']}"
+                     f"{' (few units: a coarse interval)' if c['units'] < 10 else ''}, {c['resamples']} resamples "
+                     f"(seed fixed); {method_note(c['method_used'])} (docs/uncertainty.md); the speed-up's is paired "
+                     "with the baseline's")
     lines += [
         "",
         f"{'layer':>5} {'hit%':>7} {'fetch':>8} {'subst':>8} {'drop':>7} {'cpu':>8} {'mass/step':>10}",
@@ -168,6 +211,3 @@ def render(doc: dict) -> list[str]:
                      f"{r['drops']:7d} {r['cpu']:8d} {r['mass_per_step']:10.4f}")
     return lines
 
-
-def _times(x) -> str:
-    return "-" if x is None else f"{x:.2f}x"

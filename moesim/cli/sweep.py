@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import Progress
+from moesim.cli.output import Progress, ci_options, make_ci
 from moesim.cli.simulate import EVICTION_HELP, MISS_HELP, STREAM_OPTION
 from moesim.policies import miss as miss_policies
 from moesim.policies import registry
 
 TABLE_FORMATS = ["table", "json", "csv", "markdown", "latex"]
+# Not in CSV (lists): the per-unit sums and the offset the intervals come from (Parquet and JSON keep them).
+STORAGE_COLUMNS = ("ci_unit_sums", "ci_offset_sums")
 WIDTH = 120
 FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), default="table", show_default=True,
                       help="table: ranked terminal table; json/csv: the result rows; markdown/latex: paper tables.")
@@ -17,16 +19,20 @@ FORMAT = click.option("--format", "fmt", type=click.Choice(TABLE_FORMATS), defau
 
 def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: float | None = None,
                   wide: bool = False):
-    from moesim.reports.tables import frame_csv, frame_json, render, sweep_tables
+    from moesim.reports.tables import frame_csv, frame_json, render, sweep_tables, vs_best
     from moesim.sweeps.ranking import select_rows
 
+    best = vs_best(df)
     shown, dropped = select_rows(df, top if fmt in ("json", "csv") else None, max_mass)
+    if fmt == "csv":  # CSV holds no lists
+        shown = shown.drop([c for c in STORAGE_COLUMNS if c in shown.columns])
     if fmt == "json":
         click.echo(frame_json(shown, **header))
     elif fmt == "csv":
         click.echo(frame_csv(shown), nl=False)
     else:
-        click.echo(render(sweep_tables(shown, top, wide=wide, dropped=dropped), fmt, width=WIDTH if not wide else 0))
+        tables = sweep_tables(shown, top, wide=wide, dropped=dropped, best=best)
+        click.echo(render(tables, fmt, width=WIDTH if not wide else 0))
 
 
 @click.command("sweep")
@@ -90,10 +96,12 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
+@ci_options
 @STREAM_OPTION
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
             reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, baseline,
-            rank_by, max_mass, wide, flush_every, quality, max_dppl, report_dir, stream):
+            rank_by, max_mass, wide, flush_every, quality, max_dppl, report_dir, ci, ci_resamples, ci_unit,
+            ci_method, stream):
     """Replay TRACE(s) through a grid of cache policies and print them ranked:
     policies that always run the router's first choice first, then by time per
     token (by hit rate when the trace cannot be priced), with the speed-up over
@@ -118,6 +126,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     def given(values):  # a repeatable flag that was not given keeps the file's (or the default) axis
         return list(values) or None
 
+    intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     grid = grid_from_options(config, budgets=given(budget), slots=given(slots), evictions=given(eviction),
                              misses=given(miss), thetas=given(theta), admits=given(admit),
                              allocations=given(allocation), batches=given(batch), warm=warm,
@@ -125,7 +134,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              model=model, quants=given(quant), engine=engine, baseline=baseline)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
-                        flush_seconds=flush_every, rank_by=rank_by, stream=stream)
+                        flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)
     df = out.rows
     if quality:
         from moesim.emulator.quality import read_quality
@@ -147,7 +156,16 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
               "baseline": distinct("baseline"), "priced_as": out.notes, "quant_choice": distinct("quant_choice"),
               "fits_in_vram": bool(df["fits_in_vram"].fill_null(True).all()) if df.height else True,
               "max_mass": max_mass}
+    from moesim.reports.tables import ci_header
+
+    account = ci_header(df)  # rows of -o replayed with --ci keep their intervals in a later run without it
+    if account is not None:
+        header["ci"] = account
     print_results(df, fmt, top, header, max_mass=max_mass, wide=wide)
+    if executor == "ray" and out.computed:
+        from moesim.sweeps.executors import ray_summary
+
+        click.echo(ray_summary(out.executor_stats), err=True)
     if out.output:
         click.echo(f"{len(df)} configs: {out.computed} computed, {out.reused} already in {out.output}; results in "
                    f"{out.output} and {layers_path(out.output)}", err=True)
@@ -157,5 +175,5 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     if report_dir:
         from moesim.reports.report import build_report
 
-        build_report(report_dir, results=out.output or out, trace=traces[0], baseline=grid.baseline)
+        build_report(report_dir, results=out.output or out, trace=traces[0], baseline=grid.baseline, ci=intervals)
         click.echo(f"report: {report_dir}/index.html", err=True)

@@ -18,9 +18,15 @@ import click
               help="Scored experts stored per row (default: the preset's, e.g. 32).")
 @click.option("--prefill", default=0, show_default=True, type=int,
               help="Mark the first P positions of every sequence as prefill (the rest decode).")
+@click.option("--layout", type=click.Choice(["ranked", "sparse"]), default="ranked", show_default=True,
+              help="ranked: compact (ranked candidates, gate logits as gaps); sparse: every candidate's logit "
+                   "and lse (about twice the bytes; the same replays).")
+@click.option("--generator", type=click.IntRange(1, 2), default=2, show_default=True,
+              help="2: the jitted generator; 1: the original numpy one (same model, other random numbers, "
+                   "~10x slower), to rebuild traces it made.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=str),
               help="Trace file to write (Parquet).")
-def command(preset, tokens, seqs, seed, domains, candidates, prefill, output):
+def command(preset, tokens, seqs, seed, domains, candidates, prefill, layout, generator, output):
     """Write a SYNTHETIC trace: the geometry of a real model, routing from a
     small generative model (per-layer Zipf popularity, domain-specific
     experts with topic switches, sticky experts across tokens, a dominant first
@@ -30,6 +36,6 @@ def command(preset, tokens, seqs, seed, domains, candidates, prefill, output):
 
     # The metadata records the canonical equivalent command line (not argv), so the file is reproducible.
     path = synthesize(preset, tokens, seqs=seqs, seed=seed, domains=parse_domains(domains), path=output,
-                      candidates=candidates, prefill=prefill)
+                      candidates=candidates, prefill=prefill, layout=layout, generator=generator)
     echo(f"wrote {path} (synthetic, {preset}, {tokens} tokens in {seqs} sequence(s), seed {seed})")
 
