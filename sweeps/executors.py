@@ -16,9 +16,9 @@ from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
 from moesim.simulator.bootstrap import CI
 from moesim.simulator.driver import ensure_compiled
-from moesim.traces.stream import DecodedStore
 from moesim.simulator.rotation import warm_unit_sums
 from moesim.simulator.units import replay_units
+from moesim.traces.stream import DecodedStore
 
 EXECUTORS = ("local", "ray")
 # Tests slow each replay down by this many seconds to interrupt a sweep midway (never set it otherwise).
