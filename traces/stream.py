@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -342,7 +343,9 @@ def token_chunks(tf: TraceFile, chunk_tokens: int):
         lord = np.concatenate([_layer_ords(b, lut, lut_size, tf.path) for _, b in parts])
         phase = np.concatenate([_phases(b, tf.path) for _, b in parts]) if has_phase \
             else np.full(len(seq), -1, np.int8)
-        for rows, ranked, s_ord, w_ord in _decoded_batches(tf, _GroupRows(lord, g0), row_groups=[g]):
+        # _decoded_batches only slices layer_ord by the file rows of the groups it reads
+        group_ord = cast(np.ndarray, _GroupRows(lord, g0))
+        for rows, ranked, s_ord, w_ord in _decoded_batches(tf, group_ord, row_groups=[g]):
             r = slice(rows.start - g0, rows.stop - g0)
             pending.append((key[r], seq[r].astype(np.int32), phase[r], lord[r].astype(np.int16),
                             s_ord.astype(np.int16), w_ord.astype(np.float32), ranked.astype(np.int16)))
