@@ -1,19 +1,23 @@
 """Requests per second of moesim's kernel vs libCacheSim's C replay, same stream, same process.
 
     python benchmarks/replay_vs_libcachesim.py [--steps 625000] [--experts 512] [--k 8] [--capacity 128]
+                                               [--policies lru,fifo,...] [--clock cpu|wall]
 
 One layer of E experts, top-k routing with Zipf-like popularity and temporal
 locality; libCacheSim replays the same flattened stream from an oracleGeneral
 file (its fastest path). Each side is timed best-of-N after a warm-up run,
 alternating the two so that load on a shared machine hits both alike (moesim:
 the kernel alone, compiled; libCacheSim: process_trace alone, file written
-beforehand). Prints requests/s and the ratio per policy, then how long a fresh
-process takes to get a ready kernel (from numba's on-disk cache).
+beforehand), by default in CPU time of this thread (steadier than elapsed time
+when other jobs load the machine). Prints requests/s and the ratio per policy,
+then how long a fresh process takes to get a ready kernel (from numba's on-disk
+cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,7 +29,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from replay_helpers import make_routing, oracle_trace  # noqa: E402
 
-from moesim.simulator import SimConfig, simulate  # noqa: E402
+from moesim.policies import registry  # noqa: E402
+from moesim.simulator import SimConfig, kernel, simulate  # noqa: E402
+from moesim.simulator.args import build  # noqa: E402
 
 
 def zipf_topk_routing(steps, E, k, zipf, seed):
@@ -48,15 +54,6 @@ def zipf_topk_routing(steps, E, k, zipf, seed):
     return make_routing(sel, w, sel.copy(), np.zeros(steps, np.int32), E)
 
 
-def best_of(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=625_000)
@@ -64,45 +61,51 @@ def main():
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--capacity", type=int, default=128)
     ap.add_argument("--zipf", type=float, default=0.8)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--policies", default="lru,fifo,lfu,belady,arc,s3fifo,sieve,clock")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--policies", default=",".join(registry.libcachesim_twins()),
+                    help="default: every eviction whose module names a libCacheSim twin")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="cpu: this thread's CPU time (steadier on a shared machine); wall: elapsed time")
     args = ap.parse_args()
 
     import libcachesim as lcs
 
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     routing = zipf_topk_routing(args.steps, args.experts, args.k, args.zipf, 0)
     stream = routing.sel.reshape(-1).astype(np.int64)
     n = len(stream)
     tmp = Path(tempfile.mkdtemp()) / "stream.oracle"
     oracle_trace(tmp, stream)
-    from moesim.policies import registry
-
-    classes = {name: getattr(lcs, cls) for name, cls in registry.libcachesim_twins().items()}
+    twins = registry.libcachesim_twins()
     print(f"stream: {n:,} requests, {args.experts} experts, top-{args.k}, capacity {args.capacity}, "
-          f"best of {args.repeat}")
+          f"best of {args.repeat}, {args.clock} time; load average {os.getloadavg()[0]:.1f}")
     print(f"{'policy':8} {'libCacheSim Mreq/s':>19} {'moesim Mreq/s':>14} {'ratio':>6}  misses (equal?)")
     for policy in args.policies.split(","):
         config = SimConfig(eviction=policy, miss="fetch-all", slots=args.capacity)
         simulate(routing, config)  # compile + shared arrays
 
         def run_moesim(config=config):
-            return simulate(routing, config)
+            prep = build(routing, config)  # fresh state; the routing's derived arrays are shared
+            t0 = clock()
+            kernel.replay(*prep.args)
+            return clock() - t0, int(prep.args.out.layer_counts[:, kernel.MISSES].sum())
 
         def run_lcs(policy=policy):
             reader = lcs.TraceReader(str(tmp), lcs.TraceType.ORACLE_GENERAL_TRACE)
-            return classes[policy](cache_size=args.capacity).process_trace(reader)[0]
+            cache = getattr(lcs, twins[policy])(cache_size=args.capacity)
+            t0 = clock()
+            ratio = cache.process_trace(reader)[0]
+            return clock() - t0, int(round(ratio * n))
 
         run_lcs()
         t_m = t_l = float("inf")
-        for _ in range(args.repeat):
-            res = run_moesim()
-            t_m = min(t_m, res.replay_seconds)
-            dt, ratio_l = best_of(run_lcs, 1)
+        for _ in range(args.repeat):  # alternated, so a change in the machine's load hits both
+            dt, m_misses = run_moesim()
+            t_m = min(t_m, dt)
+            dt, l_misses = run_lcs()
             t_l = min(t_l, dt)
-        m_misses = res.totals()["misses"]
-        l_misses = int(round(ratio_l * n))
         print(f"{policy:8} {n / t_l / 1e6:19.1f} {n / t_m / 1e6:14.1f} {t_l / t_m:6.2f}  "
-              f"{m_misses} vs {l_misses} ({'yes' if m_misses == l_misses else 'NO'})")
+              f"{m_misses} vs {l_misses} ({'yes' if m_misses == l_misses else 'NO'})", flush=True)
     code = ("import time; t0 = time.perf_counter(); from moesim.simulator import driver; "
             "driver.ensure_compiled(); print(time.perf_counter() - t0)")
     secs = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)

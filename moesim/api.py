@@ -47,7 +47,7 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
           output: str | os.PathLike | None = None, jobs: int | None = None, executor: str = "local",
           top: int | None = None, layers: bool = False, presets: bool = True, baseline: str | None = None,
           rank_by: str = "class", max_mass: float | None = None, ci=None, ci_resamples: int | None = None,
-          ci_unit: str = "auto", ci_method: str = "rotated"):
+          ci_unit: str = "auto", ci_method: str = "rotated", stream: bool | None = None):
     """Rank a grid of policies on one trace (path or Routing) or a list of them, like ``moesim sweep``.
 
     Axes take a value or a list (budgets also a range "0.05:0.5:0.05" or {"start", "stop", "step"});
@@ -62,7 +62,8 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
     mass per step; ``top`` the best N of each group; ``layers=True`` returns (rows, per-layer rows).
     ``ci=95`` adds 95% confidence intervals: ``<statistic>_low``/``_high`` columns, ``overlaps_best`` and the
     ci_* settings (docs/uncertainty.md); ``ci_resamples`` (default 1000), ``ci_unit`` (auto, sequence,
-    block) and ``ci_method`` (rotated, single) as --ci-resamples, --ci-unit and --ci-method."""
+    block) and ``ci_method`` (rotated, single) as --ci-resamples, --ci-unit and --ci-method. ``stream``: replay a
+    chunk of tokens at a time (None: traces too large to decode whole; docs/sweep.md)."""
     import polars as pl
 
     from moesim.sweeps.grid import grid_from_options
@@ -73,7 +74,7 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=hw,
                              model=model, quants=quant, presets=presets, baseline=baseline)
     out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor, rank_by=rank_by,
-                    ci=_ci(ci, ci_resamples, ci_unit, ci_method))
+                    ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     from moesim.sweeps.ranking import select_rows
 
     rows, _ = select_rows(out.rows, top, max_mass)
@@ -87,10 +88,10 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
              warm: bool = False, warmup_tokens: int = 0, reset_per_sequence: bool = False, batch: int = 1,
              hw: str | None = None, model: str | None = None, quant: str | None = None, layers: bool = False,
              baseline: str = "fetch-all", ci=None, ci_resamples: int | None = None, ci_unit: str = "auto",
-             ci_method: str = "rotated"):
+             ci_method: str = "rotated", stream: bool | None = None):
     """Replay one policy, like ``moesim simulate``: a one-row DataFrame with the sweep's columns
     (the speed-up over ``baseline`` included when the trace is priced). ``layers=True`` returns (row,
-    per-layer rows). ``ci=95`` fills the interval columns, as in ``sweep``.
+    per-layer rows). ``ci=95`` fills the interval columns, as in ``sweep``; ``stream`` too.
     The raw replay (counters per layer and per token) is ``moesim.simulator.simulate``."""
     from moesim.simulator.config import SimConfig
     from moesim.sweeps.single import simulate_one
@@ -100,7 +101,7 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
     config = SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, baseline=baseline,
-                       ci=_ci(ci, ci_resamples, ci_unit, ci_method))
+                       ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     return (one.row, one.layers) if layers else one.row
 
 

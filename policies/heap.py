@@ -9,7 +9,22 @@ eviction), ``score`` its decayed router-request score (kept only for USES_SCORE 
 import numpy as np
 from numba import njit
 
-from moesim.policies.structures import CAP, CNT, HBASE, HK1, HK2, HOBJ, HPOS, HSIZE, NREQ, RES, SCORE, SIZE, heap_fix
+from moesim.policies.structures import (
+    CAP,
+    CNT,
+    HBASE,
+    HK1,
+    HK2,
+    HOBJ,
+    HPOS,
+    HSIZE,
+    NREQ,
+    RES,
+    SCORE,
+    SIZE,
+    heap_fix,
+    heap_rekey,
+)
 
 
 def hooks(priority):
@@ -19,10 +34,7 @@ def hooks(priority):
     def hit(ob, fo, po, heap, prm, pool, o, tick, requested):
         if requested:
             ob[o, CNT] += 1
-        j = po[pool, HBASE] + ob[o, HPOS]
-        heap[j, HK1] = priority(ob[o, CNT], fo[o, SCORE], ob[o, NREQ])
-        heap[j, HK2] = tick
-        heap_fix(ob, po, heap, pool, ob[o, HPOS])
+        heap_rekey(ob, po, heap, pool, ob[o, HPOS], priority(ob[o, CNT], fo[o, SCORE], fo[o, NREQ]), tick)
 
     @njit(inline="always")
     def insert(ob, fo, po, heap, prm, pool, o, tick):
@@ -38,7 +50,7 @@ def hooks(priority):
         else:
             j = base + po[pool, HSIZE]
             po[pool, HSIZE] += 1
-        heap[j, HK1] = priority(1, fo[o, SCORE], ob[o, NREQ])
+        heap[j, HK1] = priority(1, fo[o, SCORE], fo[o, NREQ])
         heap[j, HK2] = tick
         heap[j, HOBJ] = o
         heap_fix(ob, po, heap, pool, j - base)
@@ -54,6 +66,6 @@ def hooks(priority):
         """Recompute a resident expert's priority in place (after all scores were rescaled by a
         common factor, which keeps the heap order)."""
         if ob[o, HPOS] >= 0:
-            heap[po[pool, HBASE] + ob[o, HPOS], HK1] = priority(ob[o, CNT], fo[o, SCORE], ob[o, NREQ])
+            heap[po[pool, HBASE] + ob[o, HPOS], HK1] = priority(ob[o, CNT], fo[o, SCORE], fo[o, NREQ])
 
     return hit, insert, rekey

@@ -3,7 +3,7 @@ pool): insertion at the head, eviction at the tail."""
 
 from numba import njit
 
-from moesim.policies.structures import CAP, HEAD, RES, SIZE, TAIL, list_push_front, list_unlink
+from moesim.policies.structures import CAP, HEAD, RES, SIZE, TAIL, list_move_front, list_push_front, list_unlink
 
 
 @njit(inline="always")
@@ -24,8 +24,7 @@ def insert_front(ob, fo, po, heap, prm, pool, o, tick):
 @njit(inline="always")
 def move_to_front(ob, fo, po, heap, prm, pool, o, tick, requested):
     if po[pool, HEAD] != o:
-        list_unlink(ob, po, pool, o, 0)
-        list_push_front(ob, po, pool, o, 0)
+        list_move_front(ob, po, pool, o, 0)
 
 
 @njit(inline="always")

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
 from moesim.policies import registry
 from moesim.policies.static import most_requested
@@ -15,8 +16,10 @@ from moesim.policies.structures import N_FO, N_OB, new_pools
 from moesim.simulator.batch import batch_routing
 from moesim.simulator.config import SimConfig
 from moesim.simulator.kernel import (
+    N_CLOCK,
     N_COSTS,
     N_COUNTERS,
+    N_SCAL,
     S_COPY_NVME,
     S_COPY_RAM,
     S_CPU_HANDOFF,
@@ -38,9 +41,10 @@ class Steps(NamedTuple):
     w: np.ndarray          # [T, L, k] float32: the weights the miss policy reads
     wm: np.ndarray         # [T, L, k] float32: the gate mass a substitution or drop loses
     cand: np.ndarray       # [T, L, M] int16: scored experts, best first (substitution candidates)
-    next_req: np.ndarray   # [T, L, k] int64: position of the same expert's next request (traces/derived.py)
-    first_req: np.ndarray  # [L * E] int64: each expert's first request position
+    next_req: np.ndarray   # [T, L, k] int64: tick of the same expert's next request (traces/derived.py)
+    first_req: np.ndarray  # [L * E] int64: each expert's first request tick
     tok_seq: np.ndarray    # [T] int32: sequence of each step
+    t0: int                # the index of the first of these steps in the whole replay (chunks of a stream)
 
 
 class Policy(NamedTuple):
@@ -62,20 +66,21 @@ class Setup(NamedTuple):
 
 
 class State(NamedTuple):
-    objs: np.ndarray        # int64 [L * E, N_OB] (policies/structures.py)
+    objs: np.ndarray        # int32 [L * E, N_OB] (policies/structures.py)
     objf: np.ndarray        # float64 [L * E, N_FO]
     pools: np.ndarray       # int64 [pools + 1, N_PO]; the last row is the host-RAM tier
     heap: np.ndarray        # float64 [sum of capacities, 3]
     queue: np.ndarray       # int64 [L, E]: per-layer FIFO of background copies (objects) ...
     queue_t: np.ndarray     # float64 [L, E]: ... and their completion times
     queue_hl: np.ndarray    # int64 [L, 2]: queue head and length
-    step_counts: np.ndarray  # int64 [N_COUNTERS]: one step's counters (scratch)
+    clock: np.ndarray       # float64 [kernel.N_CLOCK]: the clock carried between kernel calls
+    scal: np.ndarray        # int64 [kernel.N_SCAL]: the other scalars carried between kernel calls
 
 
 class Out(NamedTuple):
     layer_counts: np.ndarray  # int64 [L, N_COUNTERS], counted tokens only
     layer_mass: np.ndarray    # float64 [L]
-    tok_counts: np.ndarray    # int64 [T, N_COUNTERS], every step
+    tok_counts: np.ndarray    # int64 [T, N_COUNTERS], every step (of the chunk, when streamed)
     tok_mass: np.ndarray      # float64 [T]
     tok_seconds: np.ndarray   # float64 [T]: simulated seconds per step
     tok_stall: np.ndarray     # float64 [T]: seconds a step waited for the link
@@ -135,14 +140,7 @@ def ram_tier(cost: Any, counts: np.ndarray) -> tuple[int, np.ndarray]:
 def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = False) -> Prepared:
     """Everything the kernel needs to replay ``routing`` under ``config`` (priced by ``cost``, a
     CostParams, or unclocked); ``record`` allocates the per-request decision record."""
-    L, E = routing.n_layers, routing.n_experts
-    slots = config.slots_per_layer(E)
-    if config.allocation == "global":
-        pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([slots * L], np.int64)
-    else:
-        pool_of_layer, pool_cap = np.arange(L, dtype=np.int64), np.full(L, slots, np.int64)
-    counts_all = routing.request_counts()
-
+    L = routing.n_layers
     run, wm, members = routing, None, None
     if config.batch > 1:
         run, wm, members = batch_routing(routing, config.batch)
@@ -153,14 +151,36 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     warmup = config.warmup_tokens if members is None else int((members.max(axis=1) < config.warmup_tokens).sum())
     next_req, first_req = run.next_requests()
     steps = Steps(sel=sel, w=w, wm=wm, cand=np.ascontiguousarray(run.cand, dtype=np.int16), next_req=next_req,
-                  first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32))
+                  first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0)
+    policy, setup, state, slots, ram_cap = policy_state(routing, config, cost, warmup)
+    shape = (T, L, k) if record else (0, 0, 0)
+    out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
+              tok_counts=np.zeros((T, N_COUNTERS), np.int64), tok_mass=np.zeros(T, np.float64),
+              tok_seconds=np.zeros(T, np.float64), tok_stall=np.zeros(T, np.float64),
+              outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16))
+    return Prepared(args=KernelArgs(steps, policy, setup, state, out), run=run, members=members,
+                    warmup_steps=warmup, slots=slots, ram_cap=ram_cap)
 
+
+def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tuple[Policy, Setup, State, int, int]:
+    """The policy, setup and fresh state groups of a replay of ``source`` (a Routing or a streamed
+    traces.stream.DecodedStore: its geometry and request counts), and (slots per layer, host-RAM tier
+    size)."""
+    L, E = source.n_layers, source.n_experts
+    if source.n_tokens >= 2**31:  # the kernel's int32 per-object counters count at most one request a token
+        raise MoesimError(f"a replay handles fewer than 2^31 tokens; this trace has {source.n_tokens:,}")
+    slots = config.slots_per_layer(E)
+    if config.allocation == "global":
+        pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([slots * L], np.int64)
+    else:
+        pool_of_layer, pool_cap = np.arange(L, dtype=np.int64), np.full(L, slots, np.int64)
+    counts_all = source.request_counts()
     ev = registry.get(config.eviction_name)
     param = config.eviction_param
     pinned = np.zeros(L * E, np.bool_)
     warm_objs = np.zeros(0, np.int64)
     if ev.pinned:
-        prefix_counts = counts_all if param is None else routing.request_counts(int(param))
+        prefix_counts = counts_all if param is None else source.request_counts(int(param))
         pinned[ev.module.pinned(prefix_counts, slots, config.allocation)] = True
     elif config.warm:
         # least popular first, so the most popular experts are the most recently inserted
@@ -174,14 +194,9 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, warm_objs=warm_objs, ram_warm=ram_warm,
                   cost=kernel_costs(cost, L, config.batch))
     n_obj = L * E
-    state = State(objs=np.zeros((n_obj, N_OB), np.int64), objf=np.zeros((n_obj, N_FO), np.float64),
+    state = State(objs=np.zeros((n_obj, N_OB), np.int32), objf=np.zeros((n_obj, N_FO), np.float64),
                   pools=new_pools(pool_cap, ram_cap), heap=np.zeros((max(1, int(pool_cap.sum())), 3), np.float64),
                   queue=np.zeros((L, E), np.int64), queue_t=np.zeros((L, E), np.float64),
-                  queue_hl=np.zeros((L, 2), np.int64), step_counts=np.zeros(N_COUNTERS, np.int64))
-    shape = (T, L, k) if record else (0, 0, 0)
-    out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
-              tok_counts=np.zeros((T, N_COUNTERS), np.int64), tok_mass=np.zeros(T, np.float64),
-              tok_seconds=np.zeros(T, np.float64), tok_stall=np.zeros(T, np.float64),
-              outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16))
-    return Prepared(args=KernelArgs(steps, policy, setup, state, out), run=run, members=members,
-                    warmup_steps=warmup, slots=slots, ram_cap=ram_cap)
+                  queue_hl=np.zeros((L, 2), np.int64), clock=np.zeros(N_CLOCK, np.float64),
+                  scal=np.zeros(N_SCAL, np.int64))
+    return policy, setup, state, slots, ram_cap

@@ -32,7 +32,6 @@ from moesim.policies.structures import (
     X0,
     list_clear,
 )
-from moesim.traces.derived import NEVER
 
 # counter columns (per layer and per token)
 COUNTER_NAMES = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
@@ -49,16 +48,6 @@ N_COSTS = len(COST_NAMES)
 
 _RESCALE = 1e150  # decayed frequency scores are rescaled before they overflow
 _FLAGS = registry.FLAGS  # frozen into the compiled kernel as a constant
-
-
-@njit(inline="always")
-def _tick(pos, E, k):
-    """A request's position (t * L + l) * k + r in replay order -> its tick. Step s = t * L + l owns
-    the ticks [s(E+k), (s+1)(E+k)): its background admissions take s(E+k) + i, its requests
-    s(E+k) + E + rank, so ticks order every event of the replay."""
-    if pos >= NEVER:
-        return NEVER
-    return (pos // k) * (E + k) + E + pos % k
 
 
 # The replay kernel and its helpers are compiled without NRT (the builder allocates every array):
@@ -155,33 +144,102 @@ def _reset(policy, setup, E, ob, fo, po, heap, qhl):
         _from_nvme(setup.ram_warm[i], ram, ob, po)
 
 
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _land_copies(code, prm, pool, l, tick0, now, link_free, s_writeback, ob, fo, po, heap, queue, queue_t, qhl):
+    """Admit layer l's background copies that completed by ``now`` (in queue order, at the step's
+    first ticks). Returns (admissions, evictions, when the link is free)."""
+    E = queue.shape[1]
+    n_admit = 0
+    n_evict = 0
+    i = 0
+    while qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
+        o = queue[l, qhl[l, 0]]
+        qhl[l, 0] = (qhl[l, 0] + 1) % E
+        qhl[l, 1] -= 1
+        ob[o, QUEUED] = 0
+        if ob[o, RES] == 0:
+            v = _admit(code, prm, pool, o, tick0 + i, ob, fo, po, heap)
+            if v != registry.NOT_ADMITTED:
+                n_admit += 1
+            if v >= 0:
+                n_evict += 1
+                if s_writeback != 0.0:
+                    link_free = max(now, link_free) + s_writeback
+            i += 1
+    return n_admit, n_evict, link_free
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap):
+    """The best-scored resident candidate not selected and not yet run at this step, run in place of
+    a miss (marked, and used through the hit hook); -1 when there is none."""
+    for j in range(cand.shape[2]):
+        c = base + cand[t, l, j]
+        if c >= base and ob[c, RES] != 0 and fo[c, MARK] != step:
+            fo[c, MARK] = step
+            registry.hit(code, ob, fo, po, heap, prm, pool, c, tick, False)
+            return c
+    return -1
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _enqueue(o, l, done, ob, queue, queue_t, qhl):
+    """Queue a background copy of o (layer l) that completes at ``done``."""
+    E = queue.shape[1]
+    ob[o, QUEUED] = 1
+    q = (qhl[l, 0] + qhl[l, 1]) % E
+    queue[l, q] = o
+    queue_t[l, q] = done
+    qhl[l, 1] += 1
+
+
+# The scalars a replay carries from one kernel call to the next (State.clock, State.scal): a streamed
+# replay calls the kernel once per chunk of tokens with the same state arrays, so everything a token
+# depends on from earlier tokens lives in the state, never in the kernel's locals.
+NOW, LINK_FREE = range(2)       # clock: simulated seconds; when the host-to-GPU link finishes its queue
+PREV_SEQ, DECAY_BASE = range(2)  # scal: the last replayed token's sequence; the token decay counts from
+N_CLOCK = N_SCAL = 2
+
+
 @njit(cache=True, _nrt=False)  # type: ignore[call-overload]
 def replay(steps, policy, setup, state, out):
-    """Replay every (token, layer) step (simulator/args.py names every array); add counters into
-    out.layer_counts/layer_mass (tokens from policy.warmup_tokens on) and out.tok_counts/tok_mass/
-    tok_seconds/tok_stall (every token); with a decision record (out.outcome non-empty), each
-    request's outcome and substitute. steps.sel entries < 0 are padding (batched routing);
-    steps.w: the weights the miss policy reads; steps.wm: the gate mass a substitution or drop loses."""
+    """Replay the tokens of ``steps`` (tokens steps.t0 .. steps.t0 + T - 1 of the trace; simulator/args.py
+    names every array) continuing from ``state``: a whole trace in one call, or a streamed trace chunk by
+    chunk with the same state. Adds counters into out.layer_counts/layer_mass (tokens from
+    policy.warmup_tokens on); sets out.tok_counts/tok_mass/tok_seconds/tok_stall (the chunk's tokens);
+    with a decision record (out.outcome non-empty), each request's outcome and substitute.
+    steps.sel entries < 0 are padding (batched routing); steps.w: the weights the miss policy reads;
+    steps.wm: the gate mass a substitution or drop loses; steps.next_req and steps.first_req: ticks."""
+    code = policy.evict
     sel, w, wm, cand, next_req, tok_seq = steps.sel, steps.w, steps.wm, steps.cand, steps.next_req, steps.tok_seq
+    t0 = steps.t0
     ob, fo, po, heap = state.objs, state.objf, state.pools, state.heap
-    queue, queue_t, qhl, sc = state.queue, state.queue_t, state.queue_hl, state.step_counts
+    queue, queue_t, qhl = state.queue, state.queue_t, state.queue_hl
+    clock, scal = state.clock, state.scal
     layer_counts, layer_mass, tok_counts, tok_mass = out.layer_counts, out.layer_mass, out.tok_counts, out.tok_mass
+    tok_seconds, tok_stall = out.tok_seconds, out.tok_stall
     outcome, substitute = out.outcome, out.substitute
     pool_of_layer, cost = setup.pool_of_layer, setup.cost
-    code, prm, miss_code, theta, beta = policy.evict, policy.prm, policy.miss, policy.theta, policy.beta
+    prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
+    warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
     T, L, k = sel.shape
-    M = cand.shape[2]
     n_obj = ob.shape[0]
     E = n_obj // L
     ram = po.shape[0] - 1
+    tiered = po[ram, CAP] >= 0  # a host-RAM tier smaller than the experts: reads may come from NVMe
     record = outcome.shape[0] > 0
     admits = _FLAGS[code, registry.ADMITS]
     uses_score = _FLAGS[code, registry.USES_SCORE]
     uses_next = _FLAGS[code, registry.USES_NEXT_REQUEST]
     half_life = prm[0] if uses_score else 0.0
-    for o in range(n_obj):
-        ob[o, NREQ] = _tick(steps.first_req[o], E, k)
-        ob[o, MARK] = -1
+    timed = False  # without a cost model every time is zero: the clock arithmetic is skipped
+    for c in range(cost.shape[0]):
+        if cost[c] != 0.0:
+            timed = True
+    if t0 == 0:
+        for o in range(n_obj):
+            fo[o, NREQ] = steps.first_req[o]
+            fo[o, MARK] = -1.0
     # hoisted: array loads inside the loop could not be, stores to other arrays may alias them
     s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
     s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
@@ -189,153 +247,167 @@ def replay(steps, policy, setup, state, out):
     s_copy_ram, s_copy_nvme = cost[S_COPY_RAM], cost[S_COPY_NVME]
     s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
-    decay_base = 0
+    copies = beta > 0.0 and admits
+    now = clock[NOW]
+    link_free = clock[LINK_FREE]
+    prev_seq = scal[PREV_SEQ]
+    decay_base = scal[DECAY_BASE]
     inc = 1.0
-    now = 0.0        # simulated seconds
-    link_free = 0.0  # when the host-to-GPU link finishes its queued copies
 
     for t in range(T):
+        tg = t0 + t  # the token's index in the whole trace
         t_start = now
         stall = 0.0
-        if t == 0 or (policy.reset_per_seq and tok_seq[t] != tok_seq[t - 1]):
+        if tg == 0 or (reset_per_seq and tok_seq[t] != prev_seq):
             _reset(policy, setup, E, ob, fo, po, heap, qhl)
-            decay_base = t
+            decay_base = tg
+        prev_seq = tok_seq[t]
         if half_life > 0.0:
-            inc = 2.0 ** ((t - decay_base) / half_life)
+            inc = 2.0 ** ((tg - decay_base) / half_life)
             if inc > _RESCALE:
                 for o in range(n_obj):
                     fo[o, SCORE] /= inc
                     registry.rekey(code, ob, fo, po, heap, prm, pool_of_layer[o // E], o)
-                decay_base = t
+                decay_base = tg
                 inc = 1.0
+        counting = tg >= warmup
+        for c in range(N_COUNTERS):
+            tok_counts[t, c] = 0
+        tmass = 0.0
 
         for l in range(L):
             pool = pool_of_layer[l]
             base = l * E
-            step = t * L + l
-            for c in range(N_COUNTERS):
-                sc[c] = 0
+            step = tg * L + l
+            tick0 = step * (E + k)  # the step's ticks: tick0 + i for its admissions, tick0 + E + r for rank r
+            n_req = 0
+            n_hit = 0
+            n_fetch = 0
+            n_evict = 0
+            n_admit = 0
             smass = 0.0
-            now += s_dense_layer
-            # background copies of this layer's experts that have completed are admitted first
-            i = 0
-            while qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
-                o = queue[l, qhl[l, 0]]
-                qhl[l, 0] = (qhl[l, 0] + 1) % E
-                qhl[l, 1] -= 1
-                ob[o, QUEUED] = 0
-                if ob[o, RES] == 0:
-                    v = _admit(code, prm, pool, o, step * (E + k) + i, ob, fo, po, heap)
-                    if v != registry.NOT_ADMITTED:
-                        sc[ADMISSIONS] += 1
-                    if v >= 0:
-                        sc[EVICTIONS] += 1
-                        link_free = max(now, link_free) + s_writeback
-                    i += 1
+            ran_cpu = False
+            if timed:
+                now += s_dense_layer
+            if qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
+                n_admit, n_evict, link_free = _land_copies(code, prm, pool, l, tick0, now, link_free, s_writeback,
+                                                           ob, fo, po, heap, queue, queue_t, qhl)
             if substitutes:  # a substitute may not be one of the step's selected experts
                 for r in range(k):
                     if sel[t, l, r] >= 0:
-                        ob[base + sel[t, l, r], MARK] = step
-            n_req = 0
-            n_hit = 0
+                        fo[base + sel[t, l, r], MARK] = step
 
             for r in range(k):
-                if sel[t, l, r] < 0:
+                e = sel[t, l, r]
+                if e < 0:
                     continue
-                o = base + sel[t, l, r]
-                tick = step * (E + k) + E + r
+                o = base + e
+                tick = tick0 + E + r
                 if uses_next:
-                    ob[o, NREQ] = _tick(next_req[t, l, r], E, k)
+                    fo[o, NREQ] = next_req[t, l, r]
                 if uses_score:
                     fo[o, SCORE] += inc
                 n_req += 1
                 if ob[o, RES] != 0:
                     n_hit += 1
                     registry.hit(code, ob, fo, po, heap, prm, pool, o, tick, True)
-                    now += s_vram
+                    if timed:
+                        now += s_vram
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_HIT
                     continue
                 wr = w[t, l, r]
                 action = miss.decide(miss_code, r, wr, theta)
                 if action == miss.FETCH:
-                    sc[FETCHES] += 1
-                    start = max(now, link_free)  # behind any queued background copy
-                    stall += start - now
-                    if _from_nvme(o, ram, ob, po):
-                        sc[FETCHES_NVME] += 1
-                        link_free = start + s_fetch_nvme
-                    else:
-                        link_free = start + s_fetch_ram
-                    now = link_free + s_vram
-                    if admits and _admit(code, prm, pool, o, tick, ob, fo, po, heap) >= 0:
-                        sc[EVICTIONS] += 1
-                        link_free = max(now, link_free) + s_writeback
+                    n_fetch += 1
+                    nvme = tiered and _from_nvme(o, ram, ob, po)
+                    if nvme:
+                        _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
+                    if timed:
+                        start = max(now, link_free)  # behind any queued background copy
+                        stall += start - now
+                        link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
+                        now = link_free + s_vram
+                    if admits:
+                        if registry.insert(code, ob, fo, po, heap, prm, pool, o, tick) >= 0:
+                            n_evict += 1
+                            if timed:
+                                link_free = max(now, link_free) + s_writeback
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_FETCH
                     continue
                 if action == miss.CPU:
-                    sc[CPU] += 1
-                    if _from_nvme(o, ram, ob, po):
-                        sc[CPU_NVME] += 1
-                        now += s_cpu_nvme
-                    else:
-                        now += s_cpu_ram
+                    ran_cpu = True
+                    _bump(tok_counts, layer_counts, t, l, CPU, counting)
+                    nvme = tiered and _from_nvme(o, ram, ob, po)
+                    if nvme:
+                        _bump(tok_counts, layer_counts, t, l, CPU_NVME, counting)
+                    if timed:
+                        now += s_cpu_nvme if nvme else s_cpu_ram
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_CPU
                     continue
                 # substituted or dropped: the step loses this expert's gate weight
                 sub = -1
                 if action == miss.SUBSTITUTE:
-                    for j in range(M):
-                        c = base + cand[t, l, j]
-                        if c >= base and ob[c, RES] != 0 and ob[c, MARK] != step:
-                            sub = c
-                            break
+                    sub = _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
                 if sub >= 0:
-                    ob[sub, MARK] = step
-                    sc[SUBSTITUTIONS] += 1
-                    registry.hit(code, ob, fo, po, heap, prm, pool, sub, tick, False)
-                    now += s_vram
+                    _bump(tok_counts, layer_counts, t, l, SUBSTITUTIONS, counting)
+                    if timed:
+                        now += s_vram
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
                         substitute[t, l, r] = sub - base
                 else:
-                    sc[DROPS] += 1
+                    _bump(tok_counts, layer_counts, t, l, DROPS, counting)
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_DROP
                 smass += wm[t, l, r]
                 if r == 0:
-                    sc[FIRST_CHOICE_SUBS] += 1
-                if beta > 0.0 and admits:
+                    _bump(tok_counts, layer_counts, t, l, FIRST_CHOICE_SUBS, counting)
+                if copies:
                     fo[o, ACC] += wr
                     if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
-                        fo[o, ACC] = 0.0
                         # a background copy: occupies the link after what is queued on it
-                        start = max(now, link_free)
-                        sc[COPIES] += 1
-                        if _from_nvme(o, ram, ob, po):
-                            sc[COPIES_NVME] += 1
-                            link_free = start + s_copy_nvme
-                        else:
-                            link_free = start + s_copy_ram
-                        ob[o, QUEUED] = 1
-                        q = (qhl[l, 0] + qhl[l, 1]) % E
-                        queue[l, q] = o
-                        queue_t[l, q] = link_free
-                        qhl[l, 1] += 1
+                        fo[o, ACC] = 0.0
+                        _bump(tok_counts, layer_counts, t, l, COPIES, counting)
+                        nvme = tiered and _from_nvme(o, ram, ob, po)
+                        if nvme:
+                            _bump(tok_counts, layer_counts, t, l, COPIES_NVME, counting)
+                        if timed:
+                            link_free = max(now, link_free) + (s_copy_nvme if nvme else s_copy_ram)
+                        _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
 
-            if sc[CPU] > 0:
+            if timed and ran_cpu:
                 now += s_handoff
-            sc[REQUESTS] = n_req
-            sc[HITS] = n_hit
-            sc[MISSES] = n_req - n_hit
-            for c in range(N_COUNTERS):
-                tok_counts[t, c] += sc[c]
-            tok_mass[t] += smass
-            if t >= policy.warmup_tokens:
-                for c in range(N_COUNTERS):
-                    layer_counts[l, c] += sc[c]
+            tmass += smass
+            _add(tok_counts, t, n_req, n_hit, n_fetch, n_evict, n_admit)
+            if counting:
+                _add(layer_counts, l, n_req, n_hit, n_fetch, n_evict, n_admit)
                 layer_mass[l] += smass
-        out.tok_seconds[t] = now - t_start
-        out.tok_stall[t] = stall
+        tok_mass[t] = tmass
+        tok_seconds[t] = now - t_start
+        tok_stall[t] = stall
+    clock[NOW] = now
+    clock[LINK_FREE] = link_free
+    scal[PREV_SEQ] = prev_seq
+    scal[DECAY_BASE] = decay_base
+
+
+@njit(inline="always")
+def _add(counts, i, n_req, n_hit, n_fetch, n_evict, n_admit):
+    """Add a step's frequent counters (kept in locals) into row i."""
+    counts[i, REQUESTS] += n_req
+    counts[i, HITS] += n_hit
+    counts[i, MISSES] += n_req - n_hit
+    counts[i, FETCHES] += n_fetch
+    counts[i, EVICTIONS] += n_evict
+    counts[i, ADMISSIONS] += n_admit
+
+
+@njit(inline="always")
+def _bump(tok_counts, layer_counts, t, l, c, counting):
+    """Count a rarer event straight into its token's and (when counted) its layer's row."""
+    tok_counts[t, c] += 1
+    if counting:
+        layer_counts[l, c] += 1

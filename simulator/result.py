@@ -18,6 +18,26 @@ class Decisions:
     substitute: np.ndarray  # int16 [steps, L, k]: the expert run in place of a substituted request, else -1
 
 
+class TimedSums:
+    """What timing needs from the per-token series, summed over the counted decode steps and over all
+    counted steps (timing falls back to those when the trace has no decode step): seconds, stall,
+    tokens, steps and counters. A streamed replay adds chunk after chunk and keeps no series."""
+
+    def __init__(self):
+        self.sums = {phase: {"seconds": 0.0, "stall": 0.0, "tokens": 0, "steps": 0,
+                             "counts": np.zeros(len(COUNTER_NAMES), np.int64)} for phase in ("decode", "all")}
+
+    def add(self, counts, seconds, stall, members, decode, counted) -> None:
+        """Add steps (``counted`` and ``decode`` are their masks)."""
+        for phase, mask in (("decode", counted & decode), ("all", counted)):
+            d = self.sums[phase]
+            d["seconds"] += float(seconds[mask].sum())
+            d["stall"] += float(stall[mask].sum())
+            d["tokens"] += int(members[mask].sum())
+            d["steps"] += int(mask.sum())
+            d["counts"] += counts[mask].sum(axis=0)
+
+
 def rates(c: dict, steps: int) -> dict:
     req = c["requests"]
     return {
@@ -51,18 +71,22 @@ class SimResult:
     timing: dict | None = None
     decisions: Decisions | None = None
     extra: dict = field(default_factory=dict)
+    sums: TimedSums | None = None  # a streamed replay's timing sums (its per-token series may be empty)
 
     def attach_timing(self, cost, ram_cap: int | None = None) -> None:
         """Seconds per token and bytes moved, from the kernel's clock and counters."""
-        steps = np.arange(len(self.token_seconds))
-        counted = steps >= self.warmup_steps
-        decode = counted & self.step_decode
+        sums = self.sums
+        if sums is None:
+            sums = TimedSums()
+            counted = np.arange(len(self.token_seconds)) >= self.warmup_steps
+            sums.add(self.token_counts, self.token_seconds, self.token_stall, self.step_members, self.step_decode,
+                     counted)
         phase = "decode"
-        if not decode.any():
-            decode, phase = counted, "all"
-        secs = float(self.token_seconds[decode].sum())
-        toks = int(self.step_members[decode].sum())
-        c = {name: int(v) for name, v in zip(COUNTER_NAMES, self.token_counts[decode].sum(axis=0))}
+        d = sums.sums["decode"]
+        if d["steps"] == 0:
+            phase, d = "all", sums.sums["all"]
+        secs, toks, n_steps = d["seconds"], d["tokens"], d["steps"]
+        c = {name: int(v) for name, v in zip(COUNTER_NAMES, d["counts"])}
         bpe = cost.bytes_per_expert
         per_tok = 1.0 / toks if toks else float("nan")
         self.timing = {
@@ -70,8 +94,8 @@ class SimResult:
             "timed_steps": phase,
             "s_per_token": secs / toks if toks else float("nan"),
             "tok_per_s": toks / secs if secs > 0 else float("inf"),
-            "s_per_step": secs / int(decode.sum()) if decode.any() else float("nan"),
-            "stall_per_token": float(self.token_stall[decode].sum()) * per_tok,
+            "s_per_step": secs / n_steps if n_steps else float("nan"),
+            "stall_per_token": d["stall"] * per_tok,
             "bytes_per_token": {
                 "dense": cost.dense_bytes,
                 "experts_vram": (c["hits"] + c["substitutions"] + c["fetches"]) * bpe * per_tok,

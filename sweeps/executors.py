@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from moesim.errors import MoesimError
+from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
 from moesim.simulator.bootstrap import CI
 from moesim.simulator.driver import ensure_compiled
 from moesim.simulator.rotation import warm_unit_sums
 from moesim.simulator.units import replay_units
+from moesim.traces.stream import DecodedStore
 
 EXECUTORS = ("local", "ray")
 # Tests slow each replay down by this many seconds to interrupt a sweep midway (never set it otherwise).
@@ -33,12 +35,13 @@ class Task:
 
 
 def replay_payload(routing, config: SimConfig, cost, ci: CI | None = None) -> dict:
-    """Replay one config; return plain Python values only (workers must not touch polars: it is not
-    fork-safe). With ``ci`` (--ci), also the replay's sums per resampling unit."""
+    """Replay one config of a Routing or a streamed DecodedStore (which keeps no per-token series); return
+    plain Python values only (workers must not touch polars: it is not fork-safe). With ``ci`` (--ci), also
+    the replay's sums per resampling unit."""
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
     if delay > 0:
         time.sleep(delay)
-    res = simulate(routing, config, cost=cost)
+    res = simulate(routing, config, cost=cost, tokens=not isinstance(routing, DecodedStore))
     return payload(res, routing=routing, config=config, cost=cost, ci=ci)
 
 
@@ -160,8 +163,11 @@ def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None =
         yield from _ray(work, jobs, routings, costs, stats if stats is not None else {}, ci)
         return
     ensure_compiled()  # compile or load once, before forking, so no worker compiles
-    for r in routings:
-        if r is not None:
+    for i, r in enumerate(routings):
+        if isinstance(r, DecodedStore):
+            if any(t.trace == i and registry.get(t.config.eviction_name).uses_next_request for t in work):
+                r.first_requests()  # the reverse pass writes the next requests once, before any worker reads
+        elif r is not None:
             r.next_requests()  # computed once and inherited by every worker
     n_jobs = min(jobs or os.cpu_count() or 1, len(work))
     _SHARED.update(routings=routings, costs=costs, ci=ci)

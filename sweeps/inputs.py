@@ -7,41 +7,67 @@ import os
 from moesim.errors import MoesimError
 from moesim.traces import Routing, TraceFile
 from moesim.traces.decode_cache import load_decoded
+from moesim.traces.stream import DecodedStore
 
 
 class TraceEntry:
     """A trace of the sweep: its metadata and digest at once, the decoded routing only when a
-    replay needs it (a finished sweep rerun decodes nothing)."""
+    replay needs it (a finished sweep rerun decodes nothing). A streamed trace (``stream``; None:
+    when decoding it whole would take more than MOESIM_STREAM_MB) is decoded into a temporary
+    DecodedStore instead, which every replay reads a chunk at a time; ``close()`` deletes it."""
 
-    def __init__(self, source, name: str):
+    def __init__(self, source, name: str, stream: bool | None = None):
+        from moesim.simulator.driver import should_stream
+
         self.name = name
         self._routing: Routing | None
+        self._store: DecodedStore | None = None
         self.path: str | os.PathLike | None  # the file read, if any (an output must not replace it)
         if isinstance(source, Routing):
             self._routing, self.meta, self.digest = source, source.meta, source.digest
             self.path = source.path
+            self.streamed = bool(stream)
         else:
             self._routing = None
             self._file = TraceFile(source)
             self.meta, self.digest = self._file.meta, self._file.digest
+            self.streamed = bool(stream) if stream is not None else should_stream(self._file)
             self.path = self._file.path
 
     @property
     def routing(self):
+        """The decoded routing, in memory (also for a streamed entry: the in-memory-only analyses)."""
         if self._routing is None:
             self._routing = load_decoded(self._file)
         return self._routing
 
+    @property
+    def source(self):
+        """What replays read: the Routing, or the DecodedStore of a streamed trace."""
+        if not self.streamed:
+            return self.routing
+        if self._store is None:
+            if self._routing is not None:
+                self._store = DecodedStore.from_routing(self._routing)
+            else:
+                self._store = DecodedStore.from_file(self._file)
+        return self._store
 
-def load_traces(traces) -> list[TraceEntry]:
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def load_traces(traces, stream: bool | None = None) -> list[TraceEntry]:
     if isinstance(traces, (str, os.PathLike, Routing)):
         traces = [traces]
     out = []
     for t in traces:
         if isinstance(t, Routing):
-            out.append(TraceEntry(t, str(t.path) if t.path is not None else "<in memory>"))
+            out.append(TraceEntry(t, str(t.path) if t.path is not None else "<in memory>", stream))
         else:
-            out.append(TraceEntry(t, str(t)))
+            out.append(TraceEntry(t, str(t), stream))
     if not out:
         raise MoesimError("give at least one trace")
     return out

@@ -86,6 +86,21 @@ def check_config(config: SimConfig, routing) -> None:
                           f"{routing.n_tokens} tokens to count")
 
 
+def check_stream(config: SimConfig, entry: TraceEntry, executor: str, ci=None) -> None:
+    """Fail before any replay starts on what a streamed trace cannot do."""
+    if not entry.streamed:
+        return
+    if ci is not None:
+        raise MoesimError(f"{entry.name}: confidence intervals (--ci) need the per-token series of an in-memory "
+                          "replay; this trace is streamed (too large to decode whole, or --stream): use --no-stream")
+    if config.batch > 1:
+        raise MoesimError(f"{entry.name}: --batch replays in memory only; this trace is streamed (too large to "
+                          "decode whole, or --stream): use --no-stream, or a shorter trace")
+    if executor == "ray":
+        raise MoesimError(f"{entry.name}: a streamed trace replays with the local executor only (its decoded "
+                          "chunks are on this machine's disk); use --no-stream or --executor local")
+
+
 def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw, model, quant,
               quant_choice: str = "", *, ci: CI | None = None) -> tuple[dict, list]:
     cfg = task.config
@@ -213,21 +228,34 @@ def plan(entries: list[TraceEntry], grid: Grid):
 
 def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jobs: int | None = None,
               executor: str = "local", progress=None, flush_seconds: float = 2.0,
-              rank_by: str = "class", ci: CI | None = None) -> SweepOutcome:
+              rank_by: str = "class", ci: CI | None = None, stream: bool | None = None) -> SweepOutcome:
     """Run (or finish) a sweep; return this sweep's rows ranked within their groups (speed-up over
     ``grid.baseline``; ``rank_by`` as in sweeps/ranking.py). With ``ci``, every row gets confidence
     intervals (docs/uncertainty.md): rows of ``output`` kept without unit sums for ``ci.unit`` are
     replayed again; rows with them are only given ``ci``'s level and resamples.
 
+    ``stream``: replay the traces streamed, a chunk of tokens at a time (None: the traces whose decoded
+    arrays would exceed MOESIM_STREAM_MB; see simulator.simulate). A streamed trace is decoded once into
+    a temporary folder that every worker reads by itself, and deleted at the end.
+
     ``progress(done, total)`` is called as configs finish. On KeyboardInterrupt the finished rows are
     flushed to ``output`` before the interrupt propagates."""
-    import polars as pl
-
     if executor not in EXECUTORS:
         raise MoesimError(f"unknown executor {executor!r} (use {' or '.join(EXECUTORS)})")
     if jobs is not None and jobs < 1:
         raise MoesimError(f"--jobs must be at least 1, got {jobs}")
-    entries = load_traces(traces)
+    entries = load_traces(traces, stream)
+    try:
+        return _run(entries, grid, output, jobs, executor, progress, flush_seconds, rank_by, ci)
+    finally:
+        for e in entries:
+            e.close()
+
+
+def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, progress,
+         flush_seconds: float, rank_by: str, ci: CI | None) -> SweepOutcome:
+    import polars as pl
+
     tasks, costs, cost_info, notes = plan(entries, grid)
     store = ResultStore(output, inputs=[e.path for e in entries if e.path is not None], baseline=grid.baseline,
                         rank_by=rank_by)
@@ -242,8 +270,10 @@ def run_sweep(traces, grid: Grid, *, output: str | os.PathLike | None = None, jo
     # one replay per distinct replay key, run with the twin config
     work = [dataclasses.replace(ts[0], config=replay_twin(ts[0].config)) for ts in waiting.values()]
     for t in work:
-        check_config(t.config, entries[t.trace].routing)
-    routings = [e.routing if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
+        check_stream(t.config, entries[t.trace], executor, ci)
+    routings = [e.source if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
+    for t in work:
+        check_config(t.config, routings[t.trace])
     executor_stats: dict = {}
     results = execute(work, routings, costs, jobs=jobs, executor=executor, ci=ci, stats=executor_stats)
     done = 0

@@ -12,7 +12,7 @@ from moesim.sweeps.executors import payload
 from moesim.sweeps.grid import DEFAULT_BASELINE, Grid, canonical
 from moesim.sweeps.inputs import load_traces
 from moesim.sweeps.ranking import annotate
-from moesim.sweeps.run import check_config, make_rows, plan
+from moesim.sweeps.run import check_config, check_stream, make_rows, plan
 from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame
 
 
@@ -27,13 +27,21 @@ class One:
 
 def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str | None = None,
                  quant: str | None = None, engine: str | None = None, baseline: str = DEFAULT_BASELINE,
-                 ci: CI | None = None) -> One:
+                 ci: CI | None = None, stream: bool | None = None) -> One:
     """Replay ``config`` on ``trace`` (a path or a Routing), priced by (hw, model, quant) when the trace
     can be priced, together with the speed-up baseline (``baseline``, as in a sweep) its row is compared with.
-    With ``ci`` the row has confidence intervals (docs/uncertainty.md), the speed-up's paired with the baseline's."""
+    With ``ci`` the row has confidence intervals (docs/uncertainty.md), the speed-up's paired with the baseline's.
+    ``stream``: as simulator.simulate (None: streamed when the trace is too large to decode whole)."""
+    entry = load_traces([trace], stream)[0]
+    try:
+        return _simulate_one(entry, config, hw, model, quant, engine, baseline, ci)
+    finally:
+        entry.close()
+
+
+def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: str, ci) -> One:
     import polars as pl
 
-    entry = load_traces([trace])[0]
     config = canonical(config)
     size = {"budgets": [config.budget]} if config.budget is not None else {"slots": [config.slots]}
     grid = Grid(evictions=[config.eviction], misses=[config.miss], admits=[config.admit],
@@ -42,11 +50,14 @@ def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str 
                 warm=config.warm, warmup_tokens=config.warmup_tokens,
                 reset_per_sequence=config.reset_per_sequence, presets=False, baseline=baseline, **size)
     tasks, costs, cost_info, notes = plan([entry], grid)
-    routing = entry.routing
+    for task in tasks:
+        check_stream(task.config, entry, "local", ci)
+    routing = entry.source
     rows, layers, mine = [], [], None
     for task in tasks:
         check_config(task.config, routing)
-        res = simulate(routing, task.config, cost=costs[task.cost])
+        # a streamed replay keeps the per-token series (O(T)) of the config itself only
+        res = simulate(routing, task.config, cost=costs[task.cost], tokens=not entry.streamed or task.config == config)
         if task.config == config:
             mine = (task.row_key, res)
         done = payload(res, routing=routing, config=task.config, cost=costs[task.cost], ci=ci)

@@ -1,5 +1,10 @@
 """Arrays derived from a decoded routing that replays read: each request's next request of the
-same expert. Jitted (numba is imported only when a replay asks for them; see Routing.next_requests)."""
+same expert, as a tick of the replay's clock of events. Jitted (numba is imported only when a replay
+asks for them; see Routing.next_requests).
+
+Ticks order every event of a replay: step s = t * L + l (token t, MoE layer l) owns the ticks
+[s (E + k), (s + 1)(E + k)); its background admissions take s (E + k) + i and its requests
+s (E + k) + E + rank."""
 
 import numpy as np
 from numba import njit
@@ -8,19 +13,29 @@ NEVER = np.int64(1) << np.int64(62)  # an expert that is never requested again
 
 
 @njit(cache=True)
-def next_requests(sel, n_experts):
-    """For each request (t, l, r), the position of the same (layer, expert)'s next request in the
-    replay order (token, layer, rank), flattened as (t * L + l) * k + r; NEVER if there is none.
-    Also each object's (layer * E + expert) first request position. Negative ids are padding."""
+def next_ticks(sel, n_experts, t0, last, nxt):
+    """Fill ``nxt`` [T, L, k] with the tick of the same (layer, expert)'s next request for each request
+    of ``sel`` (tokens t0 .. t0 + T - 1 of the trace), NEVER if there is none, walking backwards.
+    ``last`` [L * E] holds each object's (layer * E + expert) first request tick after this block (NEVER:
+    none) and is left holding its first request tick from t0 on: called on the blocks of a trace from
+    the last to the first, it carries the next requests across blocks. Negative ids are padding."""
     T, L, k = sel.shape
-    nxt = np.full((T, L, k), NEVER, np.int64)
-    last = np.full(L * n_experts, NEVER, np.int64)
+    span = n_experts + k
     for t in range(T - 1, -1, -1):
         for l in range(L - 1, -1, -1):
+            tick0 = ((t0 + t) * L + l) * span + n_experts
             for r in range(k - 1, -1, -1):
                 if sel[t, l, r] < 0:
+                    nxt[t, l, r] = NEVER
                     continue
                 o = l * n_experts + sel[t, l, r]
                 nxt[t, l, r] = last[o]
-                last[o] = (t * L + l) * k + r
+                last[o] = tick0 + r
+
+
+def next_requests(sel, n_experts):
+    """(next [T, L, k], first [L * E]) ticks of a whole routing (see next_ticks)."""
+    nxt = np.empty(sel.shape, np.int64)
+    last = np.full(sel.shape[1] * n_experts, NEVER, np.int64)
+    next_ticks(sel, n_experts, 0, last, nxt)
     return nxt, last

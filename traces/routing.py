@@ -96,7 +96,7 @@ class Routing:
 
     def next_requests(self) -> tuple[np.ndarray, np.ndarray]:
         """(next [T, L, k], first [L * E]): each request's next request of the same expert and each
-        expert's first request, as positions (t * L + l) * k + r in replay order (traces/derived.py)."""
+        expert's first request, as ticks of the replay (traces/derived.py)."""
 
         def compute():
             from moesim.jitcache import jitted
@@ -278,7 +278,6 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] 
         + ["weights"] * has_w
     mtf = rk.codec()
     lists = None
-    lay = np.ascontiguousarray(layer_ord, dtype=np.int32)
     for start, first, batch in tf.iter_group_batches(cols, row_groups=row_groups):
         n = batch.num_rows
         rows = slice(start, start + n)
@@ -288,7 +287,8 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] 
         if col.null_count:
             raise MoesimError(f"{tf.path}: column ranked_ids has missing values")
         codes = rk.unpack(rk.binary_rows(col, M * width), M, width)
-        ids, good = mtf.decode(codes, lay[rows], lists)
+        # layer_ord is only sliced by file rows (a streamed decode passes one row group's ordinals)
+        ids, good = mtf.decode(codes, np.ascontiguousarray(layer_ord[rows], dtype=np.int32), lists)
         if good < n:
             raise MoesimError(f"{tf.path}: column ranked_ids row {start + good} holds a code out of 0..{E - 1} or "
                               "repeats one (damaged file)")

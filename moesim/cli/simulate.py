@@ -56,6 +56,13 @@ def cost_options(f):
     return f
 
 
+STREAM_OPTION = click.option(
+    "--stream/--no-stream", default=None,
+    help="Replay the trace a chunk of tokens at a time, the cache state carried across chunks, so memory does not "
+         "grow with the trace (default: when decoding it whole would take more than MOESIM_STREAM_MB, 512 MB; "
+         "chunk size MOESIM_STREAM_TOKENS, default ~32 MB of decoded arrays). Needs rows in token order.")
+
+
 def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                 batch=1):
     from moesim.simulator import SimConfig
@@ -74,9 +81,10 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @click.option("--baseline", default="fetch-all", show_default=True, metavar="PRESET|EVICTION/MISS[/admit β]",
               help="The config the speed-up divides by (as in moesim sweep): a preset or a policy.")
 @ci_options
+@STREAM_OPTION
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, fmt):
+            batch, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, stream, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine, with the speed-up over the baseline (default: the
@@ -94,7 +102,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
                          batch)
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
-                       ci=intervals)
+                       ci=intervals, stream=stream)
     result = one.result
     if per_token:
         from moesim.files import write_table

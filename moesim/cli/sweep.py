@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from moesim.cli.output import Progress, ci_options, make_ci
-from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
+from moesim.cli.simulate import EVICTION_HELP, MISS_HELP, STREAM_OPTION
 from moesim.policies import miss as miss_policies
 from moesim.policies import registry
 
@@ -97,10 +97,11 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
 @ci_options
+@STREAM_OPTION
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
             reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, baseline,
             rank_by, max_mass, wide, flush_every, quality, max_dppl, report_dir, ci, ci_resamples, ci_unit,
-            ci_method):
+            ci_method, stream):
     """Replay TRACE(s) through a grid of cache policies and print them ranked:
     policies that always run the router's first choice first, then by time per
     token (by hit rate when the trace cannot be priced), with the speed-up over
@@ -133,7 +134,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              model=model, quants=given(quant), engine=engine, baseline=baseline)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
-                        flush_seconds=flush_every, rank_by=rank_by, ci=intervals)
+                        flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)
     df = out.rows
     if quality:
         from moesim.emulator.quality import read_quality

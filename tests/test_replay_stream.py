@@ -1,0 +1,155 @@
+"""Streamed replay (a chunk of tokens per kernel call, the state carried over) equals the in-memory
+replay count for count, per layer and per token, clocked too, for every eviction and the options that
+carry state across tokens; and a trace file read in token order equals its in-memory decoding."""
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+from reference_replay import random_routing_arrays
+from replay_helpers import make_routing, seeded_rng
+from test_replay_timed import fake_cost
+
+from moesim.errors import MoesimError
+from moesim.policies import registry
+from moesim.simulator import SimConfig, simulate
+from moesim.traces import TraceMeta, TraceWriter, load_routing
+from moesim.traces.stream import DecodedStore
+
+EVICTIONS = registry.names()
+
+
+def assert_same(a, b, label):
+    np.testing.assert_array_equal(a.counts, b.counts, err_msg=f"{label}: per-layer counters")
+    np.testing.assert_array_equal(a.token_counts, b.token_counts, err_msg=f"{label}: per-token counters")
+    np.testing.assert_allclose(a.mass, b.mass, rtol=1e-12, atol=1e-12, err_msg=f"{label}: mass")
+    np.testing.assert_allclose(a.token_mass, b.token_mass, rtol=1e-12, atol=1e-12, err_msg=f"{label}: token mass")
+    np.testing.assert_array_equal(a.token_seconds, b.token_seconds, err_msg=f"{label}: seconds per token")
+    np.testing.assert_array_equal(a.token_stall, b.token_stall, err_msg=f"{label}: stall per token")
+    assert a.counted_tokens == b.counted_tokens
+    if a.timing is not None:
+        for key in ("s_per_token", "stall_per_token", "s_per_step"):
+            assert b.timing[key] == pytest.approx(a.timing[key], rel=1e-12), f"{label}: {key}"
+        assert a.timing["bytes_per_token"] == pytest.approx(b.timing["bytes_per_token"], rel=1e-12)
+
+
+def configs(eviction):
+    """Options that carry state across tokens: warm start, warm-up, reset per sequence, admission,
+    a global pool, static:W, a decay half-life."""
+    spec = {"static": "static:7", "freq": "freq:5"}.get(eviction, eviction)
+    for miss, alloc, warm, warmup, reset, admit in [("fetch-all", "per-layer", False, 0, False, None),
+                                                    ("threshold:0.3", "global", True, 5, False, 0.4),
+                                                    ("first-choice", "per-layer", False, 0, True, 0.6),
+                                                    ("substitute", "per-layer", True, 3, True, 0.3),
+                                                    ("cpu", "global", False, 0, True, None)]:
+        yield SimConfig(eviction=spec if warmup else eviction, miss=miss, slots=3, admit=admit, allocation=alloc,
+                        warm=warm, warmup_tokens=warmup, reset_per_sequence=reset)
+
+
+@pytest.mark.parametrize("eviction", EVICTIONS)
+def test_streamed_equals_in_memory(eviction):
+    with seeded_rng("stream", eviction) as rng:
+        # sequences of 1..9 tokens: chunk boundaries fall inside sequences and at their starts
+        sel, w, cand, seq = random_routing_arrays(rng, 45, 3, 10, 3, 7, 8)
+        routing = make_routing(sel, w, cand, seq, 10)
+        costs = [None, fake_cost(3, 10, rng, 12, engine_costs=True)]
+        with DecodedStore.from_routing(routing) as store:
+            for config, cost in itertools.product(configs(eviction), costs):
+                want = simulate(routing, config, cost=cost)
+                for chunk in (1, 4, 7, 45):
+                    got = simulate(store, config, cost=cost, chunk_tokens=chunk)
+                    assert_same(want, got, f"{config.label()} priced={cost is not None} chunk={chunk}")
+
+
+def test_streamed_without_series_keeps_totals_and_timing():
+    rng = np.random.default_rng(4)
+    sel, w, cand, seq = random_routing_arrays(rng, 30, 2, 8, 2, 5, 3)
+    routing = make_routing(sel, w, cand, seq, 8)
+    cost = fake_cost(2, 8, rng, 6)
+    config = SimConfig(eviction="belady", miss="threshold:0.3", slots=2, admit=0.5, warmup_tokens=4)
+    want = simulate(routing, config, cost=cost)
+    got = simulate(routing, config, cost=cost, stream=True, chunk_tokens=6, tokens=False)
+    assert got.token_counts.shape == (0, 14)
+    assert got.totals() == want.totals()
+    assert got.layer_rows() == want.layer_rows()
+    assert got.timing["s_per_token"] == pytest.approx(want.timing["s_per_token"], rel=1e-12)
+
+
+def test_streamed_refuses_batch_and_record():
+    rng = np.random.default_rng(1)
+    routing = make_routing(*random_routing_arrays(rng, 12, 1, 6, 2, 4, 4), 6)
+    with pytest.raises(MoesimError, match="batch"):
+        simulate(routing, eviction="lru", slots=2, batch=2, stream=True)
+    with pytest.raises(MoesimError, match="record"):
+        simulate(routing, eviction="lru", slots=2, stream=True, record=True)
+
+
+def write_trace(path, routing, rows_per_group, shuffle_layers=None):
+    """A sparse trace file of ``routing`` (token order; each token's layer rows in the given order)."""
+    T, L, k = routing.sel.shape
+    M = routing.cand.shape[2]
+    meta = TraceMeta(model_id="stream-test", family="test", n_experts=routing.n_experts, top_k=k,
+                     moe_layers=tuple(range(0, 2 * L, 2)), layout="sparse", n_candidates=M, synthetic=True)
+    order = np.arange(L) if shuffle_layers is None else np.asarray(shuffle_layers)
+    with TraceWriter(path, meta, row_group_size=rows_per_group) as wr:
+        for t in range(T):
+            top = ((-0.25 * np.arange(M))[None, :] + np.round(routing.w[t, :, :1], 1)).astype(np.float32)
+            wr.write(seq=np.full(L, routing.seq[t])[order], pos=np.full(L, routing.pos[t])[order],
+                     layer=np.arange(0, 2 * L, 2)[order], phase=np.array(["decode"] * L),
+                     top_ids=routing.cand[t][order], top_logits=top[order], lse=np.full(L, 5.0, np.float32))
+    return path
+
+
+@pytest.mark.parametrize("rows_per_group", [5, 12, 64])
+def test_trace_file_streams_in_token_chunks(tmp_path, rows_per_group):
+    rng = np.random.default_rng(9)
+    routing = make_routing(*random_routing_arrays(rng, 40, 3, 12, 3, 8, 5), 12)
+    path = write_trace(tmp_path / "t.parquet", routing, rows_per_group, shuffle_layers=[2, 0, 1])
+    whole = load_routing(path)
+    cost = fake_cost(3, 12, rng, 20)
+    for eviction in ("lru", "belady", "static:9"):
+        for miss in ("fetch-all", "threshold:0.3"):
+            config = SimConfig(eviction=eviction, miss=miss, slots=3, admit=0.4 if miss != "fetch-all" else None,
+                               reset_per_sequence=True)
+            want = simulate(whole, config, cost=cost)
+            got = simulate(path, config, cost=cost, stream=True, chunk_tokens=3)
+            assert_same(want, got, f"{config.label()} rows/group={rows_per_group}")
+
+
+def test_trace_file_out_of_token_order_is_refused(tmp_path):
+    rng = np.random.default_rng(2)
+    routing = make_routing(*random_routing_arrays(rng, 6, 2, 6, 2, 4, 1), 6)
+    routing = dataclasses.replace(routing, pos=routing.pos[::-1].copy())  # positions descending
+    path = write_trace(tmp_path / "t.parquet", routing, 4)
+    assert simulate(path, eviction="lru", slots=2).totals()["requests"] == 24  # in memory: any order
+    with pytest.raises(MoesimError, match="token order"):
+        simulate(path, eviction="lru", slots=2, stream=True)
+
+
+def test_sweep_streamed_equals_in_memory(monkeypatch, shipped_trace):
+    """The default sweep of the shipped trace, streamed by two forked workers, gives the in-memory rows."""
+    import moesim
+
+    monkeypatch.setenv("MOESIM_STREAM_TOKENS", "300")  # 7 chunks
+
+    cols = ["row_key", "requests", "hits", "fetches", "substitutions", "drops", "cpu", "admissions", "evictions",
+            "copies", "mass", "ms_per_token"]
+    want = moesim.sweep(shipped_trace, budgets=0.25, jobs=1, stream=False).sort("row_key").select(cols)
+    got = moesim.sweep(shipped_trace, budgets=0.25, jobs=2, stream=True).sort("row_key").select(cols)
+    assert want.drop("mass", "ms_per_token").equals(got.drop("mass", "ms_per_token"))
+    np.testing.assert_allclose(got["mass"].to_numpy(), want["mass"].to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got["ms_per_token"].to_numpy(), want["ms_per_token"].to_numpy(), rtol=1e-12)
+
+
+def test_ranked_layout_streams(tmp_path):
+    """moesim synth's ranked layout (move-to-front codes restarted per row group) streams like any other."""
+    from moesim.traces.synthetic import synthesize
+
+    path = synthesize("qwen3-30b-a3b", 120, seqs=3, seed=1, path=tmp_path / "s.parquet")
+    whole = load_routing(path)
+    for eviction in ("lru", "belady"):
+        config = SimConfig(eviction=eviction, miss="threshold:0.15", budget=0.25, admit=0.5, reset_per_sequence=True)
+        want = simulate(whole, config)
+        got = simulate(path, config, stream=True, chunk_tokens=17)
+        assert_same(want, got, f"ranked layout {config.label()}")
