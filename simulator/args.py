@@ -27,8 +27,10 @@ from moesim.simulator.kernel import (
     S_CPU_RAM,
     S_DENSE_LAYER,
     S_EXPERT_VRAM,
+    S_FETCH_LOWBIT,
     S_FETCH_NVME,
     S_FETCH_RAM,
+    S_LOWBIT_VRAM,
     S_WRITEBACK,
 )
 from moesim.traces.routing import Routing
@@ -55,6 +57,8 @@ class Policy(NamedTuple):
     beta: float            # background admission threshold (0: none)
     warmup_tokens: int     # steps replayed but not counted in layer_counts
     reset_per_seq: bool    # empty the cache at each new sequence
+    step_pin: bool         # --step-pin: hits first, the step's experts not evicted by its misses, fetches together
+    max_uploads: int       # at most this many fetched experts admitted per layer per step (0: no cap)
 
 
 class Setup(NamedTuple):
@@ -75,6 +79,7 @@ class State(NamedTuple):
     queue_hl: np.ndarray    # int64 [L, 2]: queue head and length
     clock: np.ndarray       # float64 [kernel.N_CLOCK]: the clock carried between kernel calls
     scal: np.ndarray        # int64 [kernel.N_SCAL]: the other scalars carried between kernel calls
+    spin: np.ndarray        # float64 [L * E, 2]: --step-pin's step each expert is pinned at, its saved priority
 
 
 class Out(NamedTuple):
@@ -108,11 +113,14 @@ class Prepared:
     ram_cap: int               # host-RAM tier size in experts (-1: every expert fits)
 
 
-def kernel_costs(cost: Any, n_layers: int, batch: int) -> np.ndarray:
-    """The kernel's seconds-per-operation vector from a CostParams (zeros without one)."""
+def kernel_costs(cost: Any, n_layers: int, batch: int, lowbit: str | None = None) -> np.ndarray:
+    """The kernel's seconds-per-operation vector from a CostParams (zeros without one); ``lowbit``: the
+    quantization lowbit:Q fetches."""
     c = np.zeros(N_COSTS, np.float64)
     if cost is None:
         return c
+    if lowbit is not None:
+        c[S_FETCH_LOWBIT], c[S_LOWBIT_VRAM] = cost.lowbit_seconds(lowbit)
     c[S_DENSE_LAYER] = (cost.s_dense + (batch - 1) * cost.s_dense_per_seq) / n_layers
     c[S_EXPERT_VRAM] = cost.s_expert_vram
     c[S_FETCH_RAM] = cost.s_fetch_ram
@@ -190,13 +198,14 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     ram_cap, ram_warm = ram_tier(cost, counts_all)
     policy = Policy(evict=ev.code, prm=ev.kernel_params(param), miss=miss_mod.get(config.miss_name).code,
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
-                    reset_per_seq=bool(config.reset_per_sequence))
+                    reset_per_seq=bool(config.reset_per_sequence), step_pin=bool(config.step_pin),
+                    max_uploads=int(config.max_uploads or 0))
     setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, warm_objs=warm_objs, ram_warm=ram_warm,
-                  cost=kernel_costs(cost, L, config.batch))
+                  cost=kernel_costs(cost, L, config.batch, config.lowbit_quant))
     n_obj = L * E
     state = State(objs=np.zeros((n_obj, N_OB), np.int32), objf=np.zeros((n_obj, N_FO), np.float64),
                   pools=new_pools(pool_cap, ram_cap), heap=np.zeros((max(1, int(pool_cap.sum())), 3), np.float64),
                   queue=np.zeros((L, E), np.int64), queue_t=np.zeros((L, E), np.float64),
                   queue_hl=np.zeros((L, 2), np.int64), clock=np.zeros(N_CLOCK, np.float64),
-                  scal=np.zeros(N_SCAL, np.int64))
+                  scal=np.zeros(N_SCAL, np.int64), spin=np.full((n_obj, 2), -1.0, np.float64))
     return policy, setup, state, slots, ram_cap

@@ -8,6 +8,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from moesim.costmodel.models import QUANT_SCHEMES
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
 from moesim.policies import registry
@@ -15,6 +16,11 @@ from moesim.policies.miss import parse_miss
 from moesim.policies.registry import parse_eviction
 
 ALLOCATIONS = ("per-layer", "global")
+# evictions whose victim search moves experts between lists (ARC's REPLACE, S3-FIFO's promotions, the SIEVE
+# hand, CLOCK's second chances): --step-pin is refused for them (docs/replay-semantics.md)
+STEP_PIN_REFUSED = ("arc", "s3fifo", "sieve", "clock")
+# fields added after results were first keyed, and their defaults (left out of to_dict at the default)
+LATER_DEFAULTS = {"step_pin": False, "max_uploads": None}
 
 
 def slots_for_budget(budget: float, n_experts: int) -> int:
@@ -38,13 +44,31 @@ class SimConfig:
     warmup_tokens: int = 0
     reset_per_sequence: bool = False
     batch: int = 1
+    step_pin: bool = False  # engine step semantics: a step's experts are pinned for it, its misses fetched together
+    max_uploads: int | None = None  # at most this many fetched experts admitted per layer per step
 
     def __post_init__(self):
         ev, ev_arg = parse_eviction(self.eviction)
         ms, theta = parse_miss(self.miss)
+        quant = miss_mod.miss_quant(self.miss)
+        if quant is not None and quant not in QUANT_SCHEMES:
+            raise MoesimError(f"unknown quantization {quant!r} in {self.miss!r} (known: {', '.join(QUANT_SCHEMES)})")
         # canonical spellings so equal configs hash equally
         object.__setattr__(self, "eviction", ev if ev_arg is None else f"{ev}:{ev_arg:g}")
-        object.__setattr__(self, "miss", ms if ms != "threshold" else f"threshold:{theta:g}")
+        object.__setattr__(self, "miss", f"{ms}:{quant}" if quant else (
+            ms if ms != "threshold" else f"threshold:{theta:g}"))
+        if not isinstance(self.step_pin, (bool, int)) or self.step_pin not in (0, 1):
+            raise MoesimError(f"step_pin must be true or false, got {self.step_pin!r}")
+        object.__setattr__(self, "step_pin", bool(self.step_pin))
+        if self.step_pin and registry.get(ev).name in STEP_PIN_REFUSED:
+            raise MoesimError(f"--step-pin is not defined for the {ev} eviction: its victim search moves experts "
+                              "between its lists, so skipping the step's pinned experts has no exact meaning "
+                              "(use lru, fifo, lfu, freq, belady, static or static-layers)")
+        if self.max_uploads is not None:
+            if isinstance(self.max_uploads, bool) or int(self.max_uploads) != self.max_uploads \
+                    or self.max_uploads < 1:
+                raise MoesimError(f"max_uploads must be a positive whole number, got {self.max_uploads!r}")
+            object.__setattr__(self, "max_uploads", int(self.max_uploads))
         if (self.budget is None) == (self.slots is None):
             raise MoesimError("give exactly one of budget (fraction of experts) or slots (per layer)")
         if self.budget is not None:
@@ -96,6 +120,11 @@ class SimConfig:
     def theta(self) -> float:
         return parse_miss(self.miss)[1]
 
+    @property
+    def lowbit_quant(self) -> str | None:
+        """The quantization of lowbit:Q (None for the other miss policies)."""
+        return miss_mod.miss_quant(self.miss)
+
     def slots_per_layer(self, n_experts: int) -> int:
         if self.slots is not None:
             if self.slots > n_experts:
@@ -109,7 +138,12 @@ class SimConfig:
         return n
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        # options added later are left out at their defaults, so the keys of earlier results stay valid
+        for name, default in LATER_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
     def key(self) -> str:
         """Stable hash of the config: results are stored under it."""
@@ -125,4 +159,8 @@ class SimConfig:
             parts.append(self.allocation)
         if self.batch > 1:
             parts.append(f"batch {self.batch}")
+        if self.step_pin:
+            parts.append("step-pin")
+        if self.max_uploads is not None:
+            parts.append(f"max-uploads {self.max_uploads}")
         return " / ".join(parts)

@@ -32,18 +32,20 @@ from moesim.policies.structures import (
     X0,
     list_clear,
 )
+from moesim.simulator import step_pin as pin
 
 # counter columns (per layer and per token)
 COUNTER_NAMES = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
-                 "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme")
+                 "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
+                 "lowbit", "capped", "pin_full")
 (REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS,
- FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME) = range(len(COUNTER_NAMES))
+ FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME, LOWBIT, CAPPED, PIN_FULL) = range(len(COUNTER_NAMES))
 N_COUNTERS = len(COUNTER_NAMES)
 # cost columns: seconds per operation (simulator/args.py kernel_costs); all zero replays without a clock
 COST_NAMES = ("dense_layer", "expert_vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram",
-              "copy_nvme", "cpu_handoff", "writeback")
+              "copy_nvme", "cpu_handoff", "writeback", "fetch_lowbit", "lowbit_vram")
 (S_DENSE_LAYER, S_EXPERT_VRAM, S_FETCH_RAM, S_FETCH_NVME, S_CPU_RAM, S_CPU_NVME, S_COPY_RAM, S_COPY_NVME,
- S_CPU_HANDOFF, S_WRITEBACK) = range(len(COST_NAMES))
+ S_CPU_HANDOFF, S_WRITEBACK, S_FETCH_LOWBIT, S_LOWBIT_VRAM) = range(len(COST_NAMES))
 N_COSTS = len(COST_NAMES)
 
 _RESCALE = 1e150  # decayed frequency scores are rescaled before they overflow
@@ -183,6 +185,22 @@ def _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue, queue_t, qhl, tok_counts,
+                layer_counts, t, counting):
+    """Queue a background copy of o (its accumulator reached beta): it occupies the link after what is queued
+    on it. Returns when the link is free."""
+    fo[o, ACC] = 0.0
+    _bump(tok_counts, layer_counts, t, l, COPIES, counting)
+    nvme = tiered and _from_nvme(o, ram, ob, po)
+    if nvme:
+        _bump(tok_counts, layer_counts, t, l, COPIES_NVME, counting)
+    if timed:
+        link_free = max(now, link_free) + (cost[S_COPY_NVME] if nvme else cost[S_COPY_RAM])
+    _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
+    return link_free
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def _enqueue(o, l, done, ob, queue, queue_t, qhl):
     """Queue a background copy of o (layer l) that completes at ``done``."""
     E = queue.shape[1]
@@ -213,7 +231,7 @@ def replay(steps, policy, setup, state, out):
     code = policy.evict
     sel, w, wm, cand, next_req, tok_seq = steps.sel, steps.w, steps.wm, steps.cand, steps.next_req, steps.tok_seq
     t0 = steps.t0
-    ob, fo, po, heap = state.objs, state.objf, state.pools, state.heap
+    ob, fo, po, heap, spin = state.objs, state.objf, state.pools, state.heap, state.spin
     queue, queue_t, qhl = state.queue, state.queue_t, state.queue_hl
     clock, scal = state.clock, state.scal
     layer_counts, layer_mass, tok_counts, tok_mass = out.layer_counts, out.layer_mass, out.tok_counts, out.tok_mass
@@ -222,6 +240,9 @@ def replay(steps, policy, setup, state, out):
     pool_of_layer, cost = setup.pool_of_layer, setup.cost
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
+    step_pin, max_up = policy.step_pin, policy.max_uploads
+    pin_mode = pin.MODES[code]
+    n_pass = 2 if step_pin else 1
     T, L, k = sel.shape
     n_obj = ob.shape[0]
     E = n_obj // L
@@ -244,8 +265,8 @@ def replay(steps, policy, setup, state, out):
     s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
     s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
     s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
-    s_copy_ram, s_copy_nvme = cost[S_COPY_RAM], cost[S_COPY_NVME]
     s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
+    s_fetch_lowbit, s_lowbit_vram = cost[S_FETCH_LOWBIT], cost[S_LOWBIT_VRAM]
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
     copies = beta > 0.0 and admits
     now = clock[NOW]
@@ -285,6 +306,7 @@ def replay(steps, policy, setup, state, out):
             n_fetch = 0
             n_evict = 0
             n_admit = 0
+            n_up = 0
             smass = 0.0
             ran_cpu = False
             if timed:
@@ -296,88 +318,120 @@ def replay(steps, policy, setup, state, out):
                 for r in range(k):
                     if sel[t, l, r] >= 0:
                         fo[base + sel[t, l, r], MARK] = step
+            if step_pin:
+                pin.mark(sel, t, l, base, step, spin)
+            copy_end = now  # when the step's last copy lands (--step-pin: its fetches go onto the link together)
 
-            for r in range(k):
-                e = sel[t, l, r]
-                if e < 0:
-                    continue
-                o = base + e
-                tick = tick0 + E + r
-                if uses_next:
-                    fo[o, NREQ] = next_req[t, l, r]
-                if uses_score:
-                    fo[o, SCORE] += inc
-                n_req += 1
-                if ob[o, RES] != 0:
-                    n_hit += 1
-                    registry.hit(code, ob, fo, po, heap, prm, pool, o, tick, True)
-                    if timed:
-                        now += s_vram
-                    if record:
-                        outcome[t, l, r] = miss.OUTCOME_HIT
-                    continue
-                wr = w[t, l, r]
-                action = miss.decide(miss_code, r, wr, theta)
-                if action == miss.FETCH:
-                    n_fetch += 1
-                    nvme = tiered and _from_nvme(o, ram, ob, po)
-                    if nvme:
-                        _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
-                    if timed:
-                        start = max(now, link_free)  # behind any queued background copy
-                        stall += start - now
-                        link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
-                        now = link_free + s_vram
-                    if admits:
-                        if registry.insert(code, ob, fo, po, heap, prm, pool, o, tick) >= 0:
-                            n_evict += 1
-                            if timed:
-                                link_free = max(now, link_free) + s_writeback
-                    if record:
-                        outcome[t, l, r] = miss.OUTCOME_FETCH
-                    continue
-                if action == miss.CPU:
-                    ran_cpu = True
-                    _bump(tok_counts, layer_counts, t, l, CPU, counting)
-                    nvme = tiered and _from_nvme(o, ram, ob, po)
-                    if nvme:
-                        _bump(tok_counts, layer_counts, t, l, CPU_NVME, counting)
-                    if timed:
-                        now += s_cpu_nvme if nvme else s_cpu_ram
-                    if record:
-                        outcome[t, l, r] = miss.OUTCOME_CPU
-                    continue
-                # substituted or dropped: the step loses this expert's gate weight
-                sub = -1
-                if action == miss.SUBSTITUTE:
-                    sub = _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
-                if sub >= 0:
-                    _bump(tok_counts, layer_counts, t, l, SUBSTITUTIONS, counting)
-                    if timed:
-                        now += s_vram
-                    if record:
-                        outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
-                        substitute[t, l, r] = sub - base
-                else:
-                    _bump(tok_counts, layer_counts, t, l, DROPS, counting)
-                    if record:
-                        outcome[t, l, r] = miss.OUTCOME_DROP
-                smass += wm[t, l, r]
-                if r == 0:
-                    _bump(tok_counts, layer_counts, t, l, FIRST_CHOICE_SUBS, counting)
-                if copies:
-                    fo[o, ACC] += wr
-                    if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
-                        # a background copy: occupies the link after what is queued on it
-                        fo[o, ACC] = 0.0
-                        _bump(tok_counts, layer_counts, t, l, COPIES, counting)
+            for ps in range(n_pass):  # --step-pin: the step's hits first, then its misses, each in rank order
+                if ps == 1:
+                    pin.raise_hits(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
+                    copy_end = now
+                for r in range(k):
+                    e = sel[t, l, r]
+                    if e < 0:
+                        continue
+                    o = base + e
+                    if step_pin and (ob[o, RES] != 0) == (ps == 1):
+                        continue
+                    tick = tick0 + E + (n_req if step_pin else r)  # --step-pin: ticks in the order handled
+                    if uses_next:
+                        fo[o, NREQ] = next_req[t, l, r]
+                    if uses_score:
+                        fo[o, SCORE] += inc
+                    n_req += 1
+                    if ob[o, RES] != 0:
+                        n_hit += 1
+                        registry.hit(code, ob, fo, po, heap, prm, pool, o, tick, True)
+                        if timed:
+                            now += s_vram
+                        if record:
+                            outcome[t, l, r] = miss.OUTCOME_HIT
+                        continue
+                    wr = w[t, l, r]
+                    action = miss.decide(miss_code, r, wr, theta)
+                    if action == miss.FETCH or action == miss.LOWBIT:
+                        low = action == miss.LOWBIT
+                        nvme = False
+                        if low:
+                            _bump(tok_counts, layer_counts, t, l, LOWBIT, counting)
+                        else:
+                            n_fetch += 1
+                            nvme = tiered and _from_nvme(o, ram, ob, po)
+                            if nvme:
+                                _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
+                        if timed:
+                            if not step_pin:
+                                copy_end = now
+                            start = max(copy_end, link_free)  # behind any queued background copy
+                            stall += start - copy_end
+                            link_free = start + (s_fetch_lowbit if low else (s_fetch_nvme if nvme else s_fetch_ram))
+                            copy_end = link_free
+                            now = max(now, link_free) + (s_lowbit_vram if low else s_vram)
+                        if low:
+                            if record:
+                                outcome[t, l, r] = miss.OUTCOME_LOWBIT
+                            if copies:
+                                fo[o, ACC] += wr
+                                if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
+                                    link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po,
+                                                            queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
+                            continue
+                        if admits:
+                            if max_up > 0 and n_up >= max_up:
+                                _bump(tok_counts, layer_counts, t, l, CAPPED, counting)
+                            else:
+                                if step_pin:
+                                    v = pin.insert(pin_mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin)
+                                else:
+                                    v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+                                if v == pin.PIN_FULL:
+                                    _bump(tok_counts, layer_counts, t, l, PIN_FULL, counting)
+                                elif v != registry.NOT_ADMITTED:
+                                    n_up += 1
+                                if v >= 0:
+                                    n_evict += 1
+                                    if timed:
+                                        link_free = max(now, link_free) + s_writeback
+                        if record:
+                            outcome[t, l, r] = miss.OUTCOME_FETCH
+                        continue
+                    if action == miss.CPU:
+                        ran_cpu = True
+                        _bump(tok_counts, layer_counts, t, l, CPU, counting)
                         nvme = tiered and _from_nvme(o, ram, ob, po)
                         if nvme:
-                            _bump(tok_counts, layer_counts, t, l, COPIES_NVME, counting)
+                            _bump(tok_counts, layer_counts, t, l, CPU_NVME, counting)
                         if timed:
-                            link_free = max(now, link_free) + (s_copy_nvme if nvme else s_copy_ram)
-                        _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
+                            now += s_cpu_nvme if nvme else s_cpu_ram
+                        if record:
+                            outcome[t, l, r] = miss.OUTCOME_CPU
+                        continue
+                    # substituted or dropped: the step loses this expert's gate weight
+                    sub = -1
+                    if action == miss.SUBSTITUTE:
+                        sub = _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
+                    if sub >= 0:
+                        _bump(tok_counts, layer_counts, t, l, SUBSTITUTIONS, counting)
+                        if timed:
+                            now += s_vram
+                        if record:
+                            outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
+                            substitute[t, l, r] = sub - base
+                    else:
+                        _bump(tok_counts, layer_counts, t, l, DROPS, counting)
+                        if record:
+                            outcome[t, l, r] = miss.OUTCOME_DROP
+                    smass += wm[t, l, r]
+                    if r == 0:
+                        _bump(tok_counts, layer_counts, t, l, FIRST_CHOICE_SUBS, counting)
+                    if copies:
+                        fo[o, ACC] += wr
+                        if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
+                            link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue,
+                                                    queue_t, qhl, tok_counts, layer_counts, t, counting)
 
+            if step_pin:
+                pin.restore(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
             if timed and ran_cpu:
                 now += s_handoff
             tmass += smass

@@ -14,9 +14,10 @@ import numpy as np
 from reference_policies import NOT_ADMITTED, make_policy
 
 COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
-            "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme")
+            "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
+            "lowbit", "capped", "pin_full")
 COST_KEYS = ("dense_layer", "vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram", "copy_nvme",
-             "cpu_handoff", "writeback")
+             "cpu_handoff", "writeback", "fetch_lowbit", "lowbit_vram")
 
 
 def _top(counts: dict, n: int) -> list:
@@ -27,14 +28,18 @@ def _top(counts: dict, n: int) -> list:
 def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, theta=0.15, admit=None,
                      allocation="per-layer", warm=False, warmup_tokens=0, reset_per_sequence=False,
                      half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None,
-                     params=None, decisions=None):
+                     params=None, decisions=None, step_pin=False, max_uploads=None):
     """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
     Negative ids in ``sel`` are padding (batched routing); ``wm``: the mass a substitution loses
     (default: ``w``); ``params``: the eviction's named parameters (reference_policies classes).
     ``decisions``: a dict filled with {(t, l, r): (outcome, substitute id or -1)}, outcomes as named in
-    the replay's decision record: "hit", "fetch", "substitute", "drop", "cpu"."""
+    the replay's decision record: "hit", "fetch", "substitute", "drop", "cpu", "lowbit". ``miss="lowbit"``: every
+    miss runs a low-bit copy (cost keys fetch_lowbit, lowbit_vram). ``step_pin``: at each step the hits are handled
+    first, then the misses (each in rank order); no step's selected expert is a victim of its misses (the least-
+    preferred other one is; none: the fetch is for this use only, counted as pin_full), and the step's copies go
+    onto the link back to back. ``max_uploads``: at most this many fetches admitted per step (the rest: capped)."""
     wm = w if wm is None else wm
     decisions = {} if decisions is None else decisions
     cost = dict.fromkeys(COST_KEYS, 0.0) | (cost or {})
@@ -104,10 +109,17 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     def resident(o):
         return o in pinned or (not pinning and o in state["policy"][pool_of(o)])
 
-    def insert(o, stamp, now, c, tc):
-        """Admit o (a fetch or a landed background copy); False when the policy refused it."""
+    def insert(o, stamp, now, c, tc, pinned=None):
+        """Admit o (a fetch or a landed background copy); False when the policy refused it, "pin_full" when
+        every resident expert of the pool is in ``pinned``."""
         cur["now"] = now
-        victim = state["policy"][pool_of(o)].insert(o, stamp)
+        pol = state["policy"][pool_of(o)]
+        if pinned is not None:
+            if len(pol) >= pol.capacity and all(x in pinned for x in pol.last_use):
+                return "pin_full"
+            victim = pol.insert(o, stamp, exclude=pinned)
+        else:
+            victim = pol.insert(o, stamp)
         if victim is NOT_ADMITTED:
             return False
         if victim is not None:
@@ -131,6 +143,20 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             ram.pop(0)
         ram.append(o)
         return True
+
+    def background_copy(o, wr, c, tc, queue):
+        """--admit: a substituted, dropped or low-bit expert's weight accumulates; at beta a copy is queued."""
+        if admit and not pinning:
+            state["acc"][o] += wr
+            if state["acc"][o] >= admit and o not in [x for x, _ in queue]:
+                state["acc"][o] = 0.0
+                start = max(clock["now"], clock["link"])
+                nvme = from_nvme(o)
+                clock["link"] = start + cost["copy_nvme" if nvme else "copy_ram"]
+                queue.append((o, clock["link"]))
+                for d in (c, tc):
+                    d["copies"] += 1
+                    d["copies_nvme"] += int(nvme)
 
     clock = {"now": 0.0, "link": 0.0}
     inc = 1.0
@@ -164,13 +190,19 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             selected = {(l, int(e)) for e in sel[t, l] if e >= 0}
             ran_as_substitute = set()
             cpu_before = c["cpu"]
-            for r in range(k):
-                if sel[t, l, r] < 0:
-                    continue
+            ranks = [r for r in range(k) if sel[t, l, r] >= 0]
+            hits = [r for r in ranks if resident((l, int(sel[t, l, r])))]
+            if step_pin:  # the step's hits first, then its misses
+                ranks = hits + [r for r in ranks if r not in hits]
+            copy_end = clock["now"]
+            uploads = 0
+            for pos, r in enumerate(ranks):
+                if step_pin and pos == len(hits):
+                    copy_end = clock["now"]  # the misses' copies start together, after the hits ran
                 o = (l, int(sel[t, l, r]))
                 wr = float(w[t, l, r])
                 now = (t, l, r)
-                stamp = (t * L + l, 1, r)
+                stamp = (t * L + l, 1, pos if step_pin else r)
                 state["score"][o] += inc
                 c["requests"] += 1
                 tc["requests"] += 1
@@ -193,19 +225,40 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 else:
                     action = miss
                 decisions[(t, l, r)] = (action if action != "substitute" else "drop", -1)
-                if action == "fetch":
-                    c["fetches"] += 1
-                    tc["fetches"] += 1
-                    start = max(clock["now"], clock["link"])
-                    tc["stall"] += start - clock["now"]
-                    nvme = from_nvme(o)
-                    clock["link"] = start + cost["fetch_nvme" if nvme else "fetch_ram"]
-                    clock["now"] = clock["link"] + cost["vram"]
+                if action in ("fetch", "lowbit"):
+                    low = action == "lowbit"
+                    nvme = False
+                    if low:
+                        c["lowbit"] += 1
+                        tc["lowbit"] += 1
+                    else:
+                        c["fetches"] += 1
+                        tc["fetches"] += 1
+                        nvme = from_nvme(o)
+                    if not step_pin:
+                        copy_end = clock["now"]
+                    start = max(copy_end, clock["link"])
+                    tc["stall"] += start - copy_end
+                    clock["link"] = start + cost["fetch_lowbit" if low else ("fetch_nvme" if nvme else "fetch_ram")]
+                    copy_end = clock["link"]
+                    clock["now"] = max(clock["now"], clock["link"]) + cost["lowbit_vram" if low else "vram"]
                     if nvme:
                         c["fetches_nvme"] += 1
                         tc["fetches_nvme"] += 1
+                    if low:
+                        background_copy(o, wr, c, tc, queue)
+                        continue
                     if not pinning:
-                        insert(o, stamp, now, c, tc)
+                        if max_uploads is not None and uploads >= max_uploads:
+                            c["capped"] += 1
+                            tc["capped"] += 1
+                        else:
+                            got = insert(o, stamp, now, c, tc, pinned=selected if step_pin else None)
+                            if got == "pin_full":
+                                c["pin_full"] += 1
+                                tc["pin_full"] += 1
+                            elif got:
+                                uploads += 1
                     continue
                 if action == "cpu":
                     c["cpu"] += 1
@@ -241,17 +294,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 if r == 0:
                     c["first_choice_substitutions"] += 1
                     tc["first_choice_substitutions"] += 1
-                if admit and not pinning:
-                    state["acc"][o] += wr
-                    if state["acc"][o] >= admit and o not in [x for x, _ in queue]:
-                        state["acc"][o] = 0.0
-                        start = max(clock["now"], clock["link"])
-                        nvme = from_nvme(o)
-                        clock["link"] = start + cost["copy_nvme" if nvme else "copy_ram"]
-                        queue.append((o, clock["link"]))
-                        for d in (c, tc):
-                            d["copies"] += 1
-                            d["copies_nvme"] += int(nvme)
+                background_copy(o, wr, c, tc, queue)
             if c["cpu"] > cpu_before:  # the hand-off of a layer computed (partly) on the CPU
                 clock["now"] += cost["cpu_handoff"]
         tc["seconds"] = clock["now"] - t_start

@@ -14,6 +14,8 @@ from test_replay_timed import fake_cost
 from moesim.errors import MoesimError
 from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
+from moesim.simulator.config import STEP_PIN_REFUSED
+from moesim.simulator.kernel import COUNTER_NAMES
 from moesim.traces import TraceMeta, TraceWriter, load_routing
 from moesim.traces.stream import DecodedStore
 
@@ -45,6 +47,12 @@ def configs(eviction):
                                                     ("cpu", "global", False, 0, True, None)]:
         yield SimConfig(eviction=spec if warmup else eviction, miss=miss, slots=3, admit=admit, allocation=alloc,
                         warm=warm, warmup_tokens=warmup, reset_per_sequence=reset)
+    # engine step semantics and low-bit fetches (docs/replay-semantics.md)
+    pin = eviction not in STEP_PIN_REFUSED
+    yield SimConfig(eviction=eviction, miss="lowbit:q2_k", slots=3, admit=0.5, warmup_tokens=2, reset_per_sequence=True,
+                    step_pin=pin, max_uploads=1)
+    yield SimConfig(eviction=eviction, miss="threshold:0.3", slots=2, allocation="global", admit=0.4, step_pin=pin,
+                    max_uploads=2)
 
 
 @pytest.mark.parametrize("eviction", EVICTIONS)
@@ -70,7 +78,7 @@ def test_streamed_without_series_keeps_totals_and_timing():
     config = SimConfig(eviction="belady", miss="threshold:0.3", slots=2, admit=0.5, warmup_tokens=4)
     want = simulate(routing, config, cost=cost)
     got = simulate(routing, config, cost=cost, stream=True, chunk_tokens=6, tokens=False)
-    assert got.token_counts.shape == (0, 14)
+    assert got.token_counts.shape == (0, len(COUNTER_NAMES))
     assert got.totals() == want.totals()
     assert got.layer_rows() == want.layer_rows()
     assert got.timing["s_per_token"] == pytest.approx(want.timing["s_per_token"], rel=1e-12)
