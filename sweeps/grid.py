@@ -31,7 +31,7 @@ from moesim.errors import MoesimError
 from moesim.files import read_toml
 from moesim.policies import miss as miss_mod
 from moesim.policies import registry
-from moesim.simulator.config import SimConfig
+from moesim.simulator.config import STEP_PIN_REFUSED, SimConfig
 
 DEFAULT_ADMITS = (None, 0.5)
 # The config every speed-up divides by (sweeps/ranking.py): a preset name or "EVICTION / MISS [/ admit β]".
@@ -61,7 +61,8 @@ _AXIS_KEYS = {
     "hw": "hws",
     "quant": "quants",
 }
-_SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence")
+_SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence", "step_pin",
+                "max_uploads")
 # The engine profile each named preset is priced with (others: the grid's engine, default ideal).
 PRESET_ENGINES = {"llama.cpp": "llama.cpp"}
 
@@ -85,6 +86,8 @@ class Grid:
     warm: bool = False
     warmup_tokens: int = 0
     reset_per_sequence: bool = False
+    step_pin: bool = False  # engine step semantics (docs/replay-semantics.md)
+    max_uploads: int | None = None  # at most this many fetched experts admitted per layer per step
     presets: bool = True  # add the named presets to every group (the API's simulate turns it off)
     baseline: str = DEFAULT_BASELINE  # the speed-up reference, added to every group
 
@@ -159,7 +162,14 @@ def baseline_label(spec: str = DEFAULT_BASELINE) -> str:
 def baseline_of(config: SimConfig, spec: str = DEFAULT_BASELINE) -> SimConfig:
     """The baseline policy at the config's cache size, allocation, batch and start: its speed-up reference."""
     ev, miss, admit = baseline_policy(spec)
-    return canonical(dataclasses.replace(config, eviction=ev, miss=miss, admit=admit))
+    return canonical(dataclasses.replace(config, eviction=ev, miss=miss, admit=admit,
+                                         step_pin=config.step_pin and eviction_pins(ev)))
+
+
+def eviction_pins(eviction: str) -> bool:
+    """Whether --step-pin is defined for this eviction (a sweep's --step-pin leaves the others unpinned; their
+    labels say so)."""
+    return registry.parse_eviction(eviction)[0] not in STEP_PIN_REFUSED
 
 
 def never_cached(config: SimConfig) -> bool:
@@ -198,6 +208,7 @@ def expand(config_axes: Grid) -> list[Planned]:
         kind, value = size
         return SimConfig(eviction=eviction, miss=miss, admit=admit, allocation=allocation, batch=batch,
                          warm=g.warm, warmup_tokens=g.warmup_tokens, reset_per_sequence=g.reset_per_sequence,
+                         step_pin=g.step_pin and eviction_pins(eviction), max_uploads=g.max_uploads,
                          **{kind: value})
 
     for hw, quant, size, allocation, batch in itertools.product(g.hws, g.quants, sizes, g.allocations, g.batches):
@@ -322,11 +333,11 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
             if not isinstance(value, str):
                 raise MoesimError(f"{path}: {key} must be a string")
             changes[key] = value
-        elif key in ("warm", "reset_per_sequence"):
+        elif key in ("warm", "reset_per_sequence", "step_pin"):
             if not isinstance(value, bool):
                 raise MoesimError(f"{path}: {key} must be true or false")
             changes[key] = value
-        elif key == "warmup_tokens":
+        elif key in ("warmup_tokens", "max_uploads"):
             changes[key] = _number(value, key, integer=True)
         else:
             raise MoesimError(f"{path}: unknown sweep key {key!r} (known: {', '.join(known)})")
@@ -348,7 +359,7 @@ def _values(x) -> list | None:
 def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, misses=None, thetas=None,
                       admits=None, allocations=None, batches=None, warm=None, warmup_tokens=None,
                       reset_per_sequence=None, hws=None, model=None, quants=None, engine=None,
-                      presets=True, baseline=None) -> Grid:
+                      presets=True, baseline=None, step_pin=None, max_uploads=None) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -374,4 +385,4 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          allocations=_values(allocations), batches=ax("batches", batches), warm=warm,
                          warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=_values(hws),
                          model=model, quants=_values(quants), engine=engine, presets=presets,
-                         baseline=baseline)
+                         baseline=baseline, step_pin=step_pin, max_uploads=max_uploads)

@@ -31,10 +31,22 @@ def policy_options(f):
                      help="Empty the cache at each new sequence (default: sequences replay back to back)."),
         click.option("--batch", type=int, default=1, show_default=True,
                      help="Decode B sequences in lock step; each layer reads the union of their experts."),
+        STEP_PIN_OPTION, MAX_UPLOADS_OPTION,
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+STEP_PIN_OPTION = click.option(
+    "--step-pin", is_flag=True, default=None,
+    help="Engine step semantics (llama.cpp expert caches, moe-l2): a step's hits run first and its own experts are "
+         "not evicted by its misses, which are fetched together (not for arc, s3fifo, sieve, clock; "
+         "docs/replay-semantics.md).")
+MAX_UPLOADS_OPTION = click.option(
+    "--max-uploads", type=int, default=None, metavar="N",
+    help="Admit at most N fetched experts per layer per step (llama.cpp's expert-cache insert cap); further "
+         "fetches run for that use only.")
 
 
 def cost_options(f):
@@ -64,11 +76,12 @@ STREAM_OPTION = click.option(
 
 
 def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-                batch=1):
+                batch=1, step_pin=False, max_uploads=None):
     from moesim.simulator import SimConfig
 
     return SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
-                     warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch)
+                     warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
+                     step_pin=bool(step_pin), max_uploads=max_uploads)
 
 
 @click.command("simulate")
@@ -84,7 +97,8 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @STREAM_OPTION
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, stream, fmt):
+            batch, step_pin, max_uploads, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit,
+            ci_method, stream, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine, with the speed-up over the baseline (default: the
@@ -99,7 +113,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     if per_token:
         check_output(per_token, [trace])
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-                         batch)
+                         batch, step_pin, max_uploads)
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
                        ci=intervals, stream=stream)
