@@ -11,12 +11,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moesim.emulator.quantize import RECIPES
 from moesim.errors import MoesimError
-from moesim.policies.miss import OUTCOME_CPU, OUTCOME_DROP, OUTCOME_FETCH, OUTCOME_HIT, OUTCOME_SUBSTITUTE
+from moesim.policies.miss import (
+    OUTCOME_CPU,
+    OUTCOME_DROP,
+    OUTCOME_FETCH,
+    OUTCOME_HIT,
+    OUTCOME_LOWBIT,
+    OUTCOME_SUBSTITUTE,
+)
 from moesim.simulator import SimConfig, SimResult, simulate
 from moesim.traces.routing import Routing
 
-__all__ = ["OUTCOME_HIT", "OUTCOME_FETCH", "OUTCOME_SUBSTITUTE", "OUTCOME_DROP", "OUTCOME_CPU",
+__all__ = ["OUTCOME_HIT", "OUTCOME_FETCH", "OUTCOME_SUBSTITUTE", "OUTCOME_DROP", "OUTCOME_CPU", "OUTCOME_LOWBIT",
            "LayerDecisions", "check_config", "decide_layer", "combine", "replay"]
 
 
@@ -33,6 +41,9 @@ def check_config(config: SimConfig) -> None:
         raise MoesimError("the emulator needs per-layer pools: with --allocation global a layer's decisions depend "
                           "on the other layers' requests of earlier tokens, which a teacher-forced pass computes "
                           "only after it (emulate with per-layer pools)")
+    if config.lowbit_quant is not None and config.lowbit_quant not in RECIPES:
+        raise MoesimError(f"the emulator computes low-bit experts as {', '.join(RECIPES)} (GGUF block formats); "
+                          f"{config.miss} is not one of them")
     if config.batch != 1:
         raise MoesimError("the emulator runs one sequence at a time (batch 1); batched decoding is a time-model "
                           "question, not a quality one")
