@@ -41,7 +41,7 @@ def check_config(config: SimConfig) -> None:
         raise MoesimError("the emulator needs per-layer pools: with --allocation global a layer's decisions depend "
                           "on the other layers' requests of earlier tokens, which a teacher-forced pass computes "
                           "only after it (emulate with per-layer pools)")
-    if config.lowbit_quant is not None and config.lowbit_quant not in RECIPES:
+    if config.low_quant is not None and config.low_quant not in RECIPES:
         raise MoesimError(f"the emulator computes low-bit experts as {', '.join(RECIPES)} (GGUF block formats); "
                           f"{config.miss} is not one of them")
     if config.batch != 1:

@@ -234,7 +234,7 @@ class Emulator:
                 lowbit.masks[ordinal] = mask
             return apply_decisions(torch, weights, ids, r, out_cols, sub_cols, self.drop)
 
-        quant = config.lowbit_quant if config is not None else None
+        quant = config.low_quant if config is not None else None
         lowbit = self._lowbit_experts() if quant is not None else None
         t0 = time.perf_counter()
         with torch.inference_mode(), (lowbit(quant) if lowbit is not None else contextlib.nullcontext()):

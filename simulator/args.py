@@ -64,6 +64,7 @@ class Policy(NamedTuple):
 class Setup(NamedTuple):
     pool_of_layer: np.ndarray  # [L] int64: the VRAM pool of each layer
     pinned: np.ndarray         # [L * E] bool: resident from the start, never evicted
+    lowbit_res: np.ndarray     # [L * E] bool: a low-bit copy is resident in VRAM (--lowbit-share)
     warm_objs: np.ndarray      # int64: inserted at each reset, least popular first
     ram_warm: np.ndarray       # int64: the host-RAM tier's initial content, least recently used first
     cost: np.ndarray           # [N_COSTS] float64: seconds per operation (kernel.COST_NAMES); zeros: no clock
@@ -178,10 +179,16 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     if source.n_tokens >= 2**31:  # the kernel's int32 per-object counters count at most one request a token
         raise MoesimError(f"a replay handles fewer than 2^31 tokens; this trace has {source.n_tokens:,}")
     slots = config.slots_per_layer(E)
+    low_bytes = None
+    if config.lowbit_share is not None and cost is not None:
+        cost.lowbit_seconds(config.low_quant)  # checks the quantization against the model preset
+        low_bytes = float(cost.expert_bytes_by_quant[config.low_quant])
+    full_slots, n_low = config.lowbit_tier(slots, E, None if cost is None else float(cost.bytes_per_expert),
+                                           low_bytes)
     if config.allocation == "global":
-        pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([slots * L], np.int64)
+        pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([full_slots * L], np.int64)
     else:
-        pool_of_layer, pool_cap = np.arange(L, dtype=np.int64), np.full(L, slots, np.int64)
+        pool_of_layer, pool_cap = np.arange(L, dtype=np.int64), np.full(L, full_slots, np.int64)
     counts_all = source.request_counts()
     ev = registry.get(config.eviction_name)
     param = config.eviction_param
@@ -189,19 +196,24 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     warm_objs = np.zeros(0, np.int64)
     if ev.pinned:
         prefix_counts = counts_all if param is None else source.request_counts(int(param))
-        pinned[ev.module.pinned(prefix_counts, slots, config.allocation)] = True
+        pinned[ev.module.pinned(prefix_counts, full_slots, config.allocation)] = True
     elif config.warm:
         # least popular first, so the most popular experts are the most recently inserted
-        warm_objs = most_requested(counts_all, slots, config.allocation)[::-1].copy()
+        warm_objs = most_requested(counts_all, full_slots, config.allocation)[::-1].copy()
         if config.allocation == "per-layer":
             warm_objs = np.concatenate([warm_objs[warm_objs // E == l] for l in range(L)])
     ram_cap, ram_warm = ram_tier(cost, counts_all)
+    lowbit_res = np.zeros(L * E, np.bool_)
+    if n_low:  # the low-bit tier: copies of the most requested experts (after the pinned ones), fixed
+        ranked = np.where(pinned.reshape(L, E), -1, counts_all)
+        lowbit_res[most_requested(ranked, n_low, config.allocation)] = True
     policy = Policy(evict=ev.code, prm=ev.kernel_params(param), miss=miss_mod.get(config.miss_name).code,
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
                     reset_per_seq=bool(config.reset_per_sequence), step_pin=bool(config.step_pin),
                     max_uploads=int(config.max_uploads or 0))
-    setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, warm_objs=warm_objs, ram_warm=ram_warm,
-                  cost=kernel_costs(cost, L, config.batch, config.lowbit_quant))
+    setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, lowbit_res=lowbit_res, warm_objs=warm_objs,
+                  ram_warm=ram_warm,
+                  cost=kernel_costs(cost, L, config.batch, config.low_quant))
     n_obj = L * E
     state = State(objs=np.zeros((n_obj, N_OB), np.int32), objf=np.zeros((n_obj, N_FO), np.float64),
                   pools=new_pools(pool_cap, ram_cap), heap=np.zeros((max(1, int(pool_cap.sum())), 3), np.float64),

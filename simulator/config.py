@@ -20,7 +20,7 @@ ALLOCATIONS = ("per-layer", "global")
 # hand, CLOCK's second chances): --step-pin is refused for them (docs/replay-semantics.md)
 STEP_PIN_REFUSED = ("arc", "s3fifo", "sieve", "clock")
 # fields added after results were first keyed, and their defaults (left out of to_dict at the default)
-LATER_DEFAULTS = {"step_pin": False, "max_uploads": None}
+LATER_DEFAULTS = {"step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None}
 
 
 def slots_for_budget(budget: float, n_experts: int) -> int:
@@ -46,6 +46,8 @@ class SimConfig:
     batch: int = 1
     step_pin: bool = False  # engine step semantics: a step's experts are pinned for it, its misses fetched together
     max_uploads: int | None = None  # at most this many fetched experts admitted per layer per step
+    lowbit_share: float | None = None  # share of the slots holding low-bit copies of the most requested experts
+    lowbit_quant: str | None = None  # the quantization of those copies (default: lowbit:Q's)
 
     def __post_init__(self):
         ev, ev_arg = parse_eviction(self.eviction)
@@ -69,6 +71,24 @@ class SimConfig:
                     or self.max_uploads < 1:
                 raise MoesimError(f"max_uploads must be a positive whole number, got {self.max_uploads!r}")
             object.__setattr__(self, "max_uploads", int(self.max_uploads))
+        if self.lowbit_quant is not None:
+            lq = str(self.lowbit_quant).strip().lower()
+            if lq not in QUANT_SCHEMES:
+                raise MoesimError(f"unknown quantization {self.lowbit_quant!r} for --lowbit-quant "
+                                  f"(known: {', '.join(QUANT_SCHEMES)})")
+            if quant is not None and lq != quant:
+                raise MoesimError(f"--lowbit-quant {lq} differs from the miss policy's {self.miss}: low-bit runs "
+                                  "use one quantization")
+            object.__setattr__(self, "lowbit_quant", lq)
+        if self.lowbit_share is not None:
+            f = float(self.lowbit_share)
+            if not (math.isfinite(f) and 0.0 < f < 1.0):
+                raise MoesimError(f"lowbit_share must be a fraction in (0, 1), got {self.lowbit_share!r}")
+            if self.low_quant is None:
+                raise MoesimError("--lowbit-share needs the copies' quantization: --lowbit-quant Q (or -m lowbit:Q)")
+            object.__setattr__(self, "lowbit_share", f)
+        elif self.lowbit_quant is not None and quant is None:
+            raise MoesimError("--lowbit-quant sets the low-bit tier's quantization: give --lowbit-share F too")
         if (self.budget is None) == (self.slots is None):
             raise MoesimError("give exactly one of budget (fraction of experts) or slots (per layer)")
         if self.budget is not None:
@@ -121,9 +141,22 @@ class SimConfig:
         return parse_miss(self.miss)[1]
 
     @property
-    def lowbit_quant(self) -> str | None:
-        """The quantization of lowbit:Q (None for the other miss policies)."""
-        return miss_mod.miss_quant(self.miss)
+    def low_quant(self) -> str | None:
+        """The quantization every low-bit run uses: lowbit:Q's, or the low-bit tier's (None: neither)."""
+        return miss_mod.miss_quant(self.miss) or self.lowbit_quant
+
+    def lowbit_tier(self, slots: int, n_experts: int, bytes_full: float | None, bytes_low: float | None
+                    ) -> tuple[int, int]:
+        """(full-expert slots per layer, low-bit copies per layer) of a budget of ``slots`` per layer: the share
+        ``lowbit_share`` of the slots, floor(F·slots), holds low-bit copies instead, as many as its bytes take
+        (floor(reserved · bytes_full / bytes_low), at most E). (slots, 0) without a tier."""
+        if self.lowbit_share is None:
+            return slots, 0
+        if bytes_full is None or bytes_low is None:
+            raise MoesimError("--lowbit-share sizes the low-bit tier by bytes per expert: it needs a priced replay "
+                              "(a model preset: --model, or the trace's)")
+        reserved = math.floor(self.lowbit_share * slots + 1e-9)  # < slots, as the share is below 1
+        return slots - reserved, min(n_experts, math.floor(reserved * bytes_full / bytes_low + 1e-9))
 
     def slots_per_layer(self, n_experts: int) -> int:
         if self.slots is not None:
@@ -163,4 +196,6 @@ class SimConfig:
             parts.append("step-pin")
         if self.max_uploads is not None:
             parts.append(f"max-uploads {self.max_uploads}")
+        if self.lowbit_share is not None:
+            parts.append(f"lowbit {self.lowbit_share:g} {self.low_quant}")
         return " / ".join(parts)

@@ -37,9 +37,9 @@ from moesim.simulator import step_pin as pin
 # counter columns (per layer and per token)
 COUNTER_NAMES = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
                  "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
-                 "lowbit", "capped", "pin_full")
+                 "lowbit", "capped", "pin_full", "lowbit_tier")
 (REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS,
- FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME, LOWBIT, CAPPED, PIN_FULL) = range(len(COUNTER_NAMES))
+ FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME, LOWBIT, CAPPED, PIN_FULL, LOWBIT_TIER) = range(len(COUNTER_NAMES))
 N_COUNTERS = len(COUNTER_NAMES)
 # cost columns: seconds per operation (simulator/args.py kernel_costs); all zero replays without a clock
 COST_NAMES = ("dense_layer", "expert_vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram",
@@ -201,6 +201,21 @@ def _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queu
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _tier_run(o, l, wr, now, link_free, cost, timed, tiered, ram, copies, beta, ob, fo, po, queue, queue_t, qhl,
+              tok_counts, layer_counts, t, counting):
+    """A miss served by the expert's resident low-bit copy (no transfer); with --admit its weight accumulates
+    towards a background copy of the full expert. Returns when the link is free."""
+    _bump(tok_counts, layer_counts, t, l, LOWBIT, counting)
+    _bump(tok_counts, layer_counts, t, l, LOWBIT_TIER, counting)
+    if copies:
+        fo[o, ACC] += wr
+        if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
+            link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue, queue_t, qhl,
+                                    tok_counts, layer_counts, t, counting)
+    return link_free
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def _enqueue(o, l, done, ob, queue, queue_t, qhl):
     """Queue a background copy of o (layer l) that completes at ``done``."""
     E = queue.shape[1]
@@ -237,12 +252,17 @@ def replay(steps, policy, setup, state, out):
     layer_counts, layer_mass, tok_counts, tok_mass = out.layer_counts, out.layer_mass, out.tok_counts, out.tok_mass
     tok_seconds, tok_stall = out.tok_seconds, out.tok_stall
     outcome, substitute = out.outcome, out.substitute
-    pool_of_layer, cost = setup.pool_of_layer, setup.cost
+    pool_of_layer, cost, lowbit_res = setup.pool_of_layer, setup.cost, setup.lowbit_res
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
     step_pin, max_up = policy.step_pin, policy.max_uploads
     pin_mode = pin.MODES[code]
     n_pass = 2 if step_pin else 1
+    tier = False  # a low-bit tier (--lowbit-share): misses with a resident low-bit copy run it
+    for o in range(lowbit_res.shape[0]):
+        if lowbit_res[o]:
+            tier = True
+            break
     T, L, k = sel.shape
     n_obj = ob.shape[0]
     E = n_obj // L
@@ -349,6 +369,14 @@ def replay(steps, policy, setup, state, out):
                         continue
                     wr = w[t, l, r]
                     action = miss.decide(miss_code, r, wr, theta)
+                    if tier and lowbit_res[o]:
+                        if timed:
+                            now += s_lowbit_vram
+                        link_free = _tier_run(o, l, wr, now, link_free, cost, timed, tiered, ram, copies, beta, ob,
+                                              fo, po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
+                        if record:
+                            outcome[t, l, r] = miss.OUTCOME_LOWBIT
+                        continue
                     if action == miss.FETCH or action == miss.LOWBIT:
                         low = action == miss.LOWBIT
                         nvme = False

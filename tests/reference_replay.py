@@ -15,7 +15,7 @@ from reference_policies import NOT_ADMITTED, make_policy
 
 COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
             "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
-            "lowbit", "capped", "pin_full")
+            "lowbit", "capped", "pin_full", "lowbit_tier")
 COST_KEYS = ("dense_layer", "vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram", "copy_nvme",
              "cpu_handoff", "writeback", "fetch_lowbit", "lowbit_vram")
 
@@ -28,7 +28,7 @@ def _top(counts: dict, n: int) -> list:
 def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, theta=0.15, admit=None,
                      allocation="per-layer", warm=False, warmup_tokens=0, reset_per_sequence=False,
                      half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None,
-                     params=None, decisions=None, step_pin=False, max_uploads=None):
+                     params=None, decisions=None, step_pin=False, max_uploads=None, lowbit_tier=0):
     """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
@@ -39,7 +39,10 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     miss runs a low-bit copy (cost keys fetch_lowbit, lowbit_vram). ``step_pin``: at each step the hits are handled
     first, then the misses (each in rank order); no step's selected expert is a victim of its misses (the least-
     preferred other one is; none: the fetch is for this use only, counted as pin_full), and the step's copies go
-    onto the link back to back. ``max_uploads``: at most this many fetches admitted per step (the rest: capped)."""
+    onto the link back to back. ``max_uploads``: at most this many fetches admitted per step (the rest: capped).
+    ``lowbit_tier``: low-bit copies per layer (``slots`` is then the full-expert slots) of the most requested
+    experts after the pinned ones, resident throughout; a miss of one runs it (lowbit, lowbit_tier; cost
+    lowbit_vram) whatever the miss policy."""
     wm = w if wm is None else wm
     decisions = {} if decisions is None else decisions
     cost = dict.fromkeys(COST_KEYS, 0.0) | (cost or {})
@@ -81,6 +84,15 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     if eviction == "static-layers":  # whole layers, the last ones, as llama.cpp --n-cpu-moe leaves them
         n_layers = min(L, slots * L // E)
         pinned = {(l, e) for l in range(L - n_layers, L) for e in range(E)}
+
+    tier = set()
+    if lowbit_tier:
+        counts = request_counts(T)
+        ranked = {o: (-1 if o in pinned else c) for o, c in counts.items()}
+        if allocation == "global":
+            tier = set(_top(ranked, lowbit_tier * L))
+        else:
+            tier = {o for l in range(L) for o in _top({x: c for x, c in ranked.items() if x[0] == l}, lowbit_tier)}
 
     layer = {l: dict.fromkeys(COUNTERS, 0) | {"mass": 0.0} for l in range(L)}
     per_token = [dict.fromkeys(COUNTERS, 0) | {"mass": 0.0, "seconds": 0.0, "stall": 0.0} for _ in range(T)]
@@ -216,6 +228,14 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     continue
                 c["misses"] += 1
                 tc["misses"] += 1
+                if o in tier:  # its low-bit copy is resident: run it, no transfer, whatever the miss policy
+                    decisions[(t, l, r)] = ("lowbit", -1)
+                    for d in (c, tc):
+                        d["lowbit"] += 1
+                        d["lowbit_tier"] += 1
+                    clock["now"] += cost["lowbit_vram"]
+                    background_copy(o, wr, c, tc, queue)
+                    continue
                 if miss == "fetch-all":
                     action = "fetch"
                 elif miss == "threshold":

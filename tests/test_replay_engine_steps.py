@@ -35,12 +35,17 @@ def _check(routing, config, cost=None, ram_cap=None, ram_warm=()):
     L = routing.n_layers
     res = simulate(routing, config, cost=cost)
     ms, _, arg = config.miss.partition(":")
+    slots, n_low = config.slots, 0
+    if config.lowbit_share is not None:
+        slots, n_low = config.lowbit_tier(config.slots, routing.n_experts, cost.bytes_per_expert,
+                                          cost.expert_bytes_by_quant[config.low_quant])
     ref_layers, ref_tokens = reference_replay(
         routing.sel, routing.w, routing.cand, routing.seq, routing.n_experts, eviction=config.eviction_name,
-        miss=ms, theta=float(arg) if ms == "threshold" else 0.0, slots=config.slots, admit=config.admit,
+        miss=ms, theta=float(arg) if ms == "threshold" else 0.0, slots=slots, admit=config.admit,
         allocation=config.allocation, warm=config.warm, warmup_tokens=config.warmup_tokens,
         reset_per_sequence=config.reset_per_sequence, step_pin=config.step_pin, max_uploads=config.max_uploads,
-        cost=None if cost is None else _ref_cost(cost, L, config.lowbit_quant), ram_cap=ram_cap, ram_warm=ram_warm)
+        lowbit_tier=n_low,
+        cost=None if cost is None else _ref_cost(cost, L, config.low_quant), ram_cap=ram_cap, ram_warm=ram_warm)
     for i, name in enumerate(COUNTERS):
         assert res.counts[:, i].tolist() == [ref_layers[l][name] for l in range(L)], f"{config.label()}: {name}"
         assert res.token_counts[:, i].tolist() == [x[name] for x in ref_tokens], f"{config.label()}: {name}/token"
@@ -88,6 +93,40 @@ def test_engine_steps_timed_match_reference(eviction, miss):
                                    admit=None if miss in ("fetch-all", "cpu") else 0.4,
                                    reset_per_sequence=n_seq > 1, step_pin=step_pin, max_uploads=max_up)
                 _check(routing, config, cost, ram_cap, list(reversed(popular[:ram_cap or 0])))
+
+
+@pytest.mark.parametrize("eviction,miss", list(itertools.product(PINNABLE + ["arc", "sieve"],
+                                                                  ["fetch-all", "threshold:0.3", "lowbit:q2_k", "cpu"])))
+def test_lowbit_tier_matches_reference(eviction, miss):
+    """--lowbit-share: a share of the slots holds low-bit copies of the most requested experts (after the pinned
+    ones); a miss of one runs it whatever the miss policy."""
+    with seeded_rng("lowbit-tier", eviction, miss) as rng:
+        for T, L, E, k, M, n_seq, slots, alloc, share in [(50, 2, 16, 3, 8, 2, 8, "per-layer", 0.25),
+                                                           (40, 3, 32, 4, 10, 1, 6, "global", 0.5)]:
+            sel, w, cand, seq = random_routing_arrays(rng, T, L, E, k, M, n_seq)
+            routing = make_routing(sel, w, cand, seq, E)
+            cost = fake_cost(L, E, rng, 10 * L * E, False)
+            pin = eviction not in STEP_PIN_REFUSED
+            for step_pin, admit in [(False, None), (pin, 0.4)]:
+                config = SimConfig(eviction=eviction, miss=miss, slots=slots, allocation=alloc, lowbit_share=share,
+                                   lowbit_quant="q2_k", admit=admit if miss != "fetch-all" else None,
+                                   reset_per_sequence=n_seq > 1, step_pin=step_pin, warmup_tokens=2)
+                res = _check(routing, config, cost)
+                assert res.totals()["lowbit_tier"] > 0
+
+
+def test_lowbit_tier_sizes_by_bytes_and_needs_a_price():
+    config = SimConfig(slots=8, lowbit_share=0.25, lowbit_quant="q2_k")
+    assert config.lowbit_tier(8, 128, 4.84375, 2.8958333) == (6, 3)  # 2 slots of q4_k_m bytes hold 3 q2_k copies
+    assert config.lowbit_tier(8, 2, 4.84375, 1.0) == (6, 2)  # at most E
+    with pytest.raises(MoesimError, match="needs a priced replay"):
+        config.lowbit_tier(8, 128, None, None)
+    assert SimConfig(slots=1, lowbit_share=0.9, lowbit_quant="q2_k").lowbit_tier(1, 8, 2.0, 1.0) == (1, 0)
+    for kw, msg in [({"lowbit_share": 0.2}, "needs the copies' quantization"), ({"lowbit_quant": "q2_k"},
+                    "give --lowbit-share"), ({"lowbit_share": 1.0, "lowbit_quant": "q2_k"}, "fraction in"),
+                    ({"miss": "lowbit:q4_k", "lowbit_share": 0.2, "lowbit_quant": "q2_k"}, "differs")]:
+        with pytest.raises(MoesimError, match=msg):
+            SimConfig(slots=8, **kw)
 
 
 def test_step_pin_keeps_the_steps_experts():
