@@ -44,6 +44,9 @@ def check_config(config: SimConfig) -> None:
     if config.low_quant is not None and config.low_quant not in RECIPES:
         raise MoesimError(f"the emulator computes low-bit experts as {', '.join(RECIPES)} (GGUF block formats); "
                           f"{config.miss} is not one of them")
+    if config.lowbit_share is not None:
+        raise MoesimError("the emulator replays each layer unpriced, and --lowbit-share sizes its tier by bytes per "
+                          "expert: emulate lowbit:Q without a tier")
     if config.batch != 1:
         raise MoesimError("the emulator runs one sequence at a time (batch 1); batched decoding is a time-model "
                           "question, not a quality one")

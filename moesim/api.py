@@ -44,7 +44,8 @@ def load_trace(path: str | os.PathLike, *, candidates: int | None = None):
 def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, thetas=None, admits=None,
           allocations=None, batches=None, warm: bool | None = None, warmup_tokens: int | None = None,
           reset_per_sequence: bool | None = None, step_pin: bool | None = None, max_uploads: int | None = None,
-          hw=None, model: str | None = None, quant=None, config=None,
+          lowbit_share: float | None = None, lowbit_quant: str | None = None, hw=None, model: str | None = None,
+          quant=None, config=None,
           output: str | os.PathLike | None = None, jobs: int | None = None, executor: str = "local",
           top: int | None = None, layers: bool = False, presets: bool = True, baseline: str | None = None,
           rank_by: str = "class", max_mass: float | None = None, ci=None, ci_resamples: int | None = None,
@@ -74,7 +75,7 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
                              thetas=thetas, admits=admits, allocations=allocations, batches=batches, warm=warm,
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=hw,
                              model=model, quants=quant, presets=presets, baseline=baseline, step_pin=step_pin,
-                             max_uploads=max_uploads)
+                             max_uploads=max_uploads, lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)
     out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor, rank_by=rank_by,
                     ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     from moesim.sweeps.ranking import select_rows
@@ -88,7 +89,8 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
 def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: float | None = None,
              budget: float | None = None, slots: int | None = None, allocation: str = "per-layer",
              warm: bool = False, warmup_tokens: int = 0, reset_per_sequence: bool = False, batch: int = 1,
-             step_pin: bool = False, max_uploads: int | None = None, hw: str | None = None, model: str | None = None,
+             step_pin: bool = False, max_uploads: int | None = None, lowbit_share: float | None = None,
+             lowbit_quant: str | None = None, hw: str | None = None, model: str | None = None,
              quant: str | None = None, layers: bool = False,
              baseline: str = "fetch-all", ci=None, ci_resamples: int | None = None, ci_unit: str = "auto",
              ci_method: str = "rotated", stream: bool | None = None):
@@ -103,7 +105,7 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
         raise MoesimError("give budget= (fraction of experts) or slots= (per layer)")
     config = SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
-                       step_pin=step_pin, max_uploads=max_uploads)
+                       step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, baseline=baseline,
                        ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     return (one.row, one.layers) if layers else one.row

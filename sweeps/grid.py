@@ -62,7 +62,7 @@ _AXIS_KEYS = {
     "quant": "quants",
 }
 _SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence", "step_pin",
-                "max_uploads")
+                "max_uploads", "lowbit_share", "lowbit_quant")
 # The engine profile each named preset is priced with (others: the grid's engine, default ideal).
 PRESET_ENGINES = {"llama.cpp": "llama.cpp"}
 
@@ -88,6 +88,8 @@ class Grid:
     reset_per_sequence: bool = False
     step_pin: bool = False  # engine step semantics (docs/replay-semantics.md)
     max_uploads: int | None = None  # at most this many fetched experts admitted per layer per step
+    lowbit_share: float | None = None  # share of the slots holding low-bit copies (tiered residency)
+    lowbit_quant: str | None = None  # their quantization
     presets: bool = True  # add the named presets to every group (the API's simulate turns it off)
     baseline: str = DEFAULT_BASELINE  # the speed-up reference, added to every group
 
@@ -172,6 +174,14 @@ def eviction_pins(eviction: str) -> bool:
     return registry.parse_eviction(eviction)[0] not in STEP_PIN_REFUSED
 
 
+def tier_quant(g: Grid, miss: str) -> str | None:
+    """The low-bit tier's quantization for a config of the grid: lowbit:Q misses run at their own Q, which the
+    tier then takes (one quantization for every low-bit run)."""
+    if g.lowbit_share is None:
+        return None
+    return miss_mod.miss_quant(miss) or g.lowbit_quant
+
+
 def never_cached(config: SimConfig) -> bool:
     """A cold cache nothing ever enters: no pinning, and a miss policy that never fetches with no
     background admission. Every request misses whatever the eviction policy."""
@@ -209,7 +219,7 @@ def expand(config_axes: Grid) -> list[Planned]:
         return SimConfig(eviction=eviction, miss=miss, admit=admit, allocation=allocation, batch=batch,
                          warm=g.warm, warmup_tokens=g.warmup_tokens, reset_per_sequence=g.reset_per_sequence,
                          step_pin=g.step_pin and eviction_pins(eviction), max_uploads=g.max_uploads,
-                         **{kind: value})
+                         lowbit_share=g.lowbit_share, lowbit_quant=tier_quant(g, miss), **{kind: value})
 
     for hw, quant, size, allocation, batch in itertools.product(g.hws, g.quants, sizes, g.allocations, g.batches):
         for eviction, miss, admit in itertools.product(evictions, misses, admits):
@@ -329,7 +339,7 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
     for key, value in doc.items():
         if key in _AXIS_KEYS:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
-        elif key in ("model", "engine", "baseline"):
+        elif key in ("model", "engine", "baseline", "lowbit_quant"):
             if not isinstance(value, str):
                 raise MoesimError(f"{path}: {key} must be a string")
             changes[key] = value
@@ -339,6 +349,8 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
             changes[key] = value
         elif key in ("warmup_tokens", "max_uploads"):
             changes[key] = _number(value, key, integer=True)
+        elif key == "lowbit_share":
+            changes[key] = _number(value, key, integer=False)
         else:
             raise MoesimError(f"{path}: unknown sweep key {key!r} (known: {', '.join(known)})")
     try:
@@ -359,7 +371,8 @@ def _values(x) -> list | None:
 def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, misses=None, thetas=None,
                       admits=None, allocations=None, batches=None, warm=None, warmup_tokens=None,
                       reset_per_sequence=None, hws=None, model=None, quants=None, engine=None,
-                      presets=True, baseline=None, step_pin=None, max_uploads=None) -> Grid:
+                      presets=True, baseline=None, step_pin=None, max_uploads=None, lowbit_share=None,
+                      lowbit_quant=None) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -385,4 +398,5 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          allocations=_values(allocations), batches=ax("batches", batches), warm=warm,
                          warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=_values(hws),
                          model=model, quants=_values(quants), engine=engine, presets=presets,
-                         baseline=baseline, step_pin=step_pin, max_uploads=max_uploads)
+                         baseline=baseline, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
+                         lowbit_quant=lowbit_quant)

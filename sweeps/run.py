@@ -74,7 +74,8 @@ def machine_key(cost) -> str:
 
 def group_key(digest: str, ck: str, config: SimConfig) -> str:
     size = f"b{config.budget:g}" if config.budget is not None else f"s{config.slots}"
-    engine_steps = (["pin"] if config.step_pin else []) + ([f"u{config.max_uploads}"] if config.max_uploads else [])
+    engine_steps = ((["pin"] if config.step_pin else []) + ([f"u{config.max_uploads}"] if config.max_uploads else [])
+                    + ([f"lb{config.lowbit_share:g}"] if config.lowbit_share is not None else []))
     return "|".join([digest, ck, size, config.allocation, f"warm{int(config.warm)}", f"w{config.warmup_tokens}",
                      f"r{int(config.reset_per_sequence)}", f"B{config.batch}", *engine_steps])
 
@@ -116,7 +117,8 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
         "eviction": cfg.eviction, "miss": cfg.miss, "admit": cfg.admit, "budget": cfg.budget, "slots": cfg.slots,
         "slots_per_layer": payload["slots_per_layer"], "allocation": cfg.allocation, "warm": cfg.warm,
         "warmup_tokens": cfg.warmup_tokens, "reset_per_sequence": cfg.reset_per_sequence, "batch": cfg.batch,
-        "step_pin": cfg.step_pin, "max_uploads": cfg.max_uploads,
+        "step_pin": cfg.step_pin, "max_uploads": cfg.max_uploads, "lowbit_share": cfg.lowbit_share,
+        "lowbit_quant": cfg.lowbit_quant,
         "priced": cost is not None, "priced_as": note,
         "hw": cost.hw if cost is not None else (hw or ""),
         "model": cost.model if cost is not None else (model or ""),

@@ -49,7 +49,8 @@ def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: 
                 engine=engine,
                 warm=config.warm, warmup_tokens=config.warmup_tokens,
                 reset_per_sequence=config.reset_per_sequence, step_pin=config.step_pin,
-                max_uploads=config.max_uploads, presets=False, baseline=baseline, **size)
+                max_uploads=config.max_uploads, lowbit_share=config.lowbit_share, lowbit_quant=config.lowbit_quant,
+                presets=False, baseline=baseline, **size)
     tasks, costs, cost_info, notes = plan([entry], grid)
     for task in tasks:
         check_stream(task.config, entry, "local", ci)

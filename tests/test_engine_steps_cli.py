@@ -53,3 +53,15 @@ def test_sweep_step_pin_leaves_the_undefined_evictions_unpinned(trace, tmp_path)
 def test_bad_options_are_one_line_errors(trace, args, msg):
     res = CliRunner().invoke(cli, ["simulate", str(trace), "-b", "0.25", *args])
     assert res.exit_code == 2 and msg in res.output and res.output.count("\n") == 1, res.output
+
+
+def test_lowbit_tier_on_the_command_line(trace):
+    doc = _json(["simulate", str(trace), "-e", "lru", "-m", "fetch-all", "-b", "0.25", "--lowbit-share", "0.25",
+                 "--lowbit-quant", "q2_k", "--format", "json"])
+    t = doc["totals"]
+    assert t["lowbit_tier"] == t["lowbit"] > 0 and t["fetches"] + t["lowbit"] == t["misses"]
+    assert doc["config"]["lowbit_share"] == 0.25 and doc["config"]["lowbit_quant"] == "q2_k"
+    rows = moesim.sweep(trace, budgets=0.25, evictions=["lru"], misses=["fetch-all", "lowbit:q4_k"], admits=[None],
+                        lowbit_share=0.25, lowbit_quant="q2_k", presets=False)
+    quants = {r["miss"]: r["lowbit_quant"] for r in rows.iter_rows(named=True)}
+    assert quants == {"fetch-all": "q2_k", "lowbit:q4_k": "q4_k"}  # lowbit:Q runs every low-bit expert at its Q

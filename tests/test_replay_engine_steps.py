@@ -95,8 +95,10 @@ def test_engine_steps_timed_match_reference(eviction, miss):
                 _check(routing, config, cost, ram_cap, list(reversed(popular[:ram_cap or 0])))
 
 
-@pytest.mark.parametrize("eviction,miss", list(itertools.product(PINNABLE + ["arc", "sieve"],
-                                                                  ["fetch-all", "threshold:0.3", "lowbit:q2_k", "cpu"])))
+TIER_MISSES = ["fetch-all", "threshold:0.3", "lowbit:q2_k", "cpu"]
+
+
+@pytest.mark.parametrize("eviction,miss", list(itertools.product(PINNABLE + ["arc", "sieve"], TIER_MISSES)))
 def test_lowbit_tier_matches_reference(eviction, miss):
     """--lowbit-share: a share of the slots holds low-bit copies of the most requested experts (after the pinned
     ones); a miss of one runs it whatever the miss policy."""

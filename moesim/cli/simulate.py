@@ -31,7 +31,7 @@ def policy_options(f):
                      help="Empty the cache at each new sequence (default: sequences replay back to back)."),
         click.option("--batch", type=int, default=1, show_default=True,
                      help="Decode B sequences in lock step; each layer reads the union of their experts."),
-        STEP_PIN_OPTION, MAX_UPLOADS_OPTION,
+        STEP_PIN_OPTION, MAX_UPLOADS_OPTION, LOWBIT_SHARE_OPTION, LOWBIT_QUANT_OPTION,
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -43,6 +43,13 @@ STEP_PIN_OPTION = click.option(
     help="Engine step semantics (llama.cpp expert caches, moe-l2): a step's hits run first and its own experts are "
          "not evicted by its misses, which are fetched together (not for arc, s3fifo, sieve, clock; "
          "docs/replay-semantics.md).")
+LOWBIT_SHARE_OPTION = click.option(
+    "--lowbit-share", type=float, default=None, metavar="F",
+    help="Tiered residency: keep floor(F·slots) of each layer's slots as low-bit copies (--lowbit-quant) of the most "
+         "requested experts, as many as their bytes allow; a miss with a low-bit copy runs it without a transfer.")
+LOWBIT_QUANT_OPTION = click.option(
+    "--lowbit-quant", default=None, metavar="Q",
+    help="Quantization of the low-bit copies (q2_k, q4_k, q4_k_m, ...; default: lowbit:Q's).")
 MAX_UPLOADS_OPTION = click.option(
     "--max-uploads", type=int, default=None, metavar="N",
     help="Admit at most N fetched experts per layer per step (llama.cpp's expert-cache insert cap); further "
@@ -76,12 +83,13 @@ STREAM_OPTION = click.option(
 
 
 def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-                batch=1, step_pin=False, max_uploads=None):
+                batch=1, step_pin=False, max_uploads=None, lowbit_share=None, lowbit_quant=None):
     from moesim.simulator import SimConfig
 
     return SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                      warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
-                     step_pin=bool(step_pin), max_uploads=max_uploads)
+                     step_pin=bool(step_pin), max_uploads=max_uploads, lowbit_share=lowbit_share,
+                     lowbit_quant=lowbit_quant)
 
 
 @click.command("simulate")
@@ -97,7 +105,8 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @STREAM_OPTION
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, step_pin, max_uploads, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit,
+            batch, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine, per_token, baseline, ci,
+            ci_resamples, ci_unit,
             ci_method, stream, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
@@ -113,7 +122,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     if per_token:
         check_output(per_token, [trace])
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-                         batch, step_pin, max_uploads)
+                         batch, step_pin, max_uploads, lowbit_share, lowbit_quant)
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
                        ci=intervals, stream=stream)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import click
 
 from moesim.cli.output import Progress, ci_options, make_ci
-from moesim.cli.simulate import EVICTION_HELP, MAX_UPLOADS_OPTION, MISS_HELP, STEP_PIN_OPTION, STREAM_OPTION
+from moesim.cli.simulate import (
+    EVICTION_HELP,
+    LOWBIT_QUANT_OPTION,
+    LOWBIT_SHARE_OPTION,
+    MAX_UPLOADS_OPTION,
+    MISS_HELP,
+    STEP_PIN_OPTION,
+    STREAM_OPTION,
+)
 from moesim.policies import miss as miss_policies
 from moesim.policies import registry
 
@@ -58,6 +66,8 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
               help="Empty the cache at each new sequence (default: no).")
 @STEP_PIN_OPTION
 @MAX_UPLOADS_OPTION
+@LOWBIT_SHARE_OPTION
+@LOWBIT_QUANT_OPTION
 @click.option("--hw", multiple=True, help="Hardware preset or TOML file; repeat to compare machines "
                                           "(default rtx3090-pcie4).")
 @click.option("--model", default=None, help="Model preset or TOML file (default: the trace's model).")
@@ -101,7 +111,8 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @ci_options
 @STREAM_OPTION
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-            reset_per_sequence, step_pin, max_uploads, hw, model, quant, engine, config, output, fmt, jobs, executor,
+            reset_per_sequence, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine, config,
+            output, fmt, jobs, executor,
             top, baseline,
             rank_by, max_mass, wide, flush_every, quality, max_dppl, report_dir, ci, ci_resamples, ci_unit,
             ci_method, stream):
@@ -135,7 +146,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              allocations=given(allocation), batches=given(batch), warm=warm,
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=given(hw),
                              model=model, quants=given(quant), engine=engine, baseline=baseline, step_pin=step_pin,
-                             max_uploads=max_uploads)
+                             max_uploads=max_uploads, lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)
