@@ -9,11 +9,13 @@ bit for bit."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from moesim.emulator.quantize import quantize, tensor_type
 from moesim.errors import MoesimError
 
 
-def experts_of(model, routers: dict[int, object]) -> dict[int, object]:
+def experts_of(model, routers: dict[int, Any]) -> dict[int, Any]:
     """{layer: the experts module beside its router} (the router's parent module's ``experts``)."""
     names = {id(m): n for n, m in model.named_modules()}
     out = {}
@@ -33,7 +35,7 @@ class LowbitExperts:
     ``masks[ordinal]``: a bool tensor [tokens, k] in the router's column order (True: run at low bit), set by the
     router handler before the layer's experts run."""
 
-    def __init__(self, torch, model, routers: dict[int, object]):
+    def __init__(self, torch, model, routers: dict[int, Any]):
         self.torch = torch
         self.experts = experts_of(model, routers)
         self.layers = sorted(self.experts)
