@@ -65,3 +65,18 @@ def test_lowbit_tier_on_the_command_line(trace):
                         lowbit_share=0.25, lowbit_quant="q2_k", presets=False)
     quants = {r["miss"]: r["lowbit_quant"] for r in rows.iter_rows(named=True)}
     assert quants == {"fetch-all": "q2_k", "lowbit:q4_k": "q4_k"}  # lowbit:Q runs every low-bit expert at its Q
+
+
+def test_lowbit_bytes_are_counted_on_the_link(trace):
+    from moesim.costmodel.timing import cost_params
+    from moesim.simulator import SimConfig, simulate
+
+    cost = cost_params("qwen3-30b-a3b", "q8_0", "rtx3090-pcie4")
+    res = simulate(moesim.load_trace(trace), SimConfig(eviction="lru", miss="lowbit:q2_k", budget=0.25,
+                                                       lowbit_share=0.25), cost=cost)
+    t, by = res.totals(), res.timing["bytes_per_token"]
+    tokens = res.counted_tokens
+    q2 = cost.expert_bytes_by_quant["q2_k"]
+    assert t["lowbit_tier"] > 0 and t["lowbit"] > t["lowbit_tier"]
+    assert by["link_sync"] == pytest.approx((t["lowbit"] - t["lowbit_tier"]) * q2 / tokens)
+    assert by["experts_vram"] == pytest.approx((t["hits"] * cost.bytes_per_expert + t["lowbit"] * q2) / tokens)

@@ -191,7 +191,8 @@ def render(doc: dict) -> list[str]:
         + (f"  ({doc['slots_per_layer']} slots per layer)" if doc["config"]["budget"] is not None else ""),
         f"requests    {t['requests']:,} over {doc['counted_tokens']:,} tokens",
         f"hit rate    {_pm(doc, 'hit_rate', t['hit_rate'], 100)}%   misses {t['misses']:,} = "
-        f"fetches {t['fetches']:,} + substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}",
+        f"fetches {t['fetches']:,} + substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}"
+        + (f" + low-bit {t['lowbit']:,}" if t.get("lowbit") else ""),
         f"substituted {_pm(doc, 'substitution_rate', t['substitution_rate'], 100)}% of requests, "
         f"dropped {_pm(doc, 'drop_rate', t['drop_rate'], 100)}%, "
         f"first choices substituted or dropped {t['first_choice_substitutions']:,}, "
