@@ -342,121 +342,123 @@ def replay(steps, policy, setup, state, out):
                 pin.mark(sel, t, l, base, step, spin)
             copy_end = now  # when the step's last copy lands (--step-pin: its fetches go onto the link together)
 
-            for ps in range(n_pass):  # --step-pin: the step's hits first, then its misses, each in rank order
-                if ps == 1:
-                    pin.raise_hits(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
-                    copy_end = now
-                for r in range(k):
-                    e = sel[t, l, r]
-                    if e < 0:
-                        continue
-                    o = base + e
-                    if step_pin and (ob[o, RES] != 0) == (ps == 1):
-                        continue
-                    tick = tick0 + E + (n_req if step_pin else r)  # --step-pin: ticks in the order handled
-                    if uses_next:
-                        fo[o, NREQ] = next_req[t, l, r]
-                    if uses_score:
-                        fo[o, SCORE] += inc
-                    n_req += 1
-                    if ob[o, RES] != 0:
-                        n_hit += 1
-                        registry.hit(code, ob, fo, po, heap, prm, pool, o, tick, True)
-                        if timed:
-                            now += s_vram
-                        if record:
-                            outcome[t, l, r] = miss.OUTCOME_HIT
-                        continue
-                    wr = w[t, l, r]
-                    action = miss.decide(miss_code, r, wr, theta)
-                    if tier and lowbit_res[o]:
-                        if timed:
-                            now += s_lowbit_vram
-                        link_free = _tier_run(o, l, wr, now, link_free, cost, timed, tiered, ram, copies, beta, ob,
-                                              fo, po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
-                        if record:
-                            outcome[t, l, r] = miss.OUTCOME_LOWBIT
-                        continue
-                    if action == miss.FETCH or action == miss.LOWBIT:
-                        low = action == miss.LOWBIT
-                        nvme = False
-                        if low:
-                            _bump(tok_counts, layer_counts, t, l, LOWBIT, counting)
-                        else:
-                            n_fetch += 1
-                            nvme = tiered and _from_nvme(o, ram, ob, po)
-                            if nvme:
-                                _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
-                        if timed:
-                            if not step_pin:
-                                copy_end = now
-                            start = max(copy_end, link_free)  # behind any queued background copy
-                            stall += start - copy_end
-                            link_free = start + (s_fetch_lowbit if low else (s_fetch_nvme if nvme else s_fetch_ram))
-                            copy_end = link_free
-                            now = max(now, link_free) + (s_lowbit_vram if low else s_vram)
-                        if low:
-                            if record:
-                                outcome[t, l, r] = miss.OUTCOME_LOWBIT
-                            if copies:
-                                fo[o, ACC] += wr
-                                if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
-                                    link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po,
-                                                            queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
-                            continue
-                        if admits:
-                            if max_up > 0 and n_up >= max_up:
-                                _bump(tok_counts, layer_counts, t, l, CAPPED, counting)
-                            else:
-                                if step_pin:
-                                    v = pin.insert(pin_mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin)
-                                else:
-                                    v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
-                                if v == pin.PIN_FULL:
-                                    _bump(tok_counts, layer_counts, t, l, PIN_FULL, counting)
-                                elif v != registry.NOT_ADMITTED:
-                                    n_up += 1
-                                if v >= 0:
-                                    n_evict += 1
-                                    if timed:
-                                        link_free = max(now, link_free) + s_writeback
-                        if record:
-                            outcome[t, l, r] = miss.OUTCOME_FETCH
-                        continue
-                    if action == miss.CPU:
-                        ran_cpu = True
-                        _bump(tok_counts, layer_counts, t, l, CPU, counting)
+            for rr in range(n_pass * k):  # --step-pin: the step's hits first, then its misses, each in rank order
+                r, ps = rr, 0
+                if rr >= k:  # the second pass (--step-pin)
+                    r, ps = rr - k, 1
+                    if rr == k:
+                        pin.raise_hits(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
+                        copy_end = now
+                e = sel[t, l, r]
+                if e < 0:
+                    continue
+                o = base + e
+                if step_pin and (ob[o, RES] != 0) == (ps == 1):
+                    continue
+                tick = tick0 + E + (n_req if step_pin else r)  # --step-pin: ticks in the order handled
+                if uses_next:
+                    fo[o, NREQ] = next_req[t, l, r]
+                if uses_score:
+                    fo[o, SCORE] += inc
+                n_req += 1
+                if ob[o, RES] != 0:
+                    n_hit += 1
+                    registry.hit(code, ob, fo, po, heap, prm, pool, o, tick, True)
+                    if timed:
+                        now += s_vram
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_HIT
+                    continue
+                wr = w[t, l, r]
+                action = miss.decide(miss_code, r, wr, theta)
+                if tier and lowbit_res[o]:
+                    if timed:
+                        now += s_lowbit_vram
+                    link_free = _tier_run(o, l, wr, now, link_free, cost, timed, tiered, ram, copies, beta, ob,
+                                          fo, po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_LOWBIT
+                    continue
+                if action == miss.FETCH or action == miss.LOWBIT:
+                    low = action == miss.LOWBIT
+                    nvme = False
+                    if low:
+                        _bump(tok_counts, layer_counts, t, l, LOWBIT, counting)
+                    else:
+                        n_fetch += 1
                         nvme = tiered and _from_nvme(o, ram, ob, po)
                         if nvme:
-                            _bump(tok_counts, layer_counts, t, l, CPU_NVME, counting)
-                        if timed:
-                            now += s_cpu_nvme if nvme else s_cpu_ram
+                            _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
+                    if timed:
+                        if not step_pin:
+                            copy_end = now
+                        start = max(copy_end, link_free)  # behind any queued background copy
+                        stall += start - copy_end
+                        link_free = start + (s_fetch_lowbit if low else (s_fetch_nvme if nvme else s_fetch_ram))
+                        copy_end = link_free
+                        now = max(now, link_free) + (s_lowbit_vram if low else s_vram)
+                    if low:
                         if record:
-                            outcome[t, l, r] = miss.OUTCOME_CPU
+                            outcome[t, l, r] = miss.OUTCOME_LOWBIT
+                        if copies:
+                            fo[o, ACC] += wr
+                            if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
+                                link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po,
+                                                        queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
                         continue
-                    # substituted or dropped: the step loses this expert's gate weight
-                    sub = -1
-                    if action == miss.SUBSTITUTE:
-                        sub = _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
-                    if sub >= 0:
-                        _bump(tok_counts, layer_counts, t, l, SUBSTITUTIONS, counting)
-                        if timed:
-                            now += s_vram
-                        if record:
-                            outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
-                            substitute[t, l, r] = sub - base
-                    else:
-                        _bump(tok_counts, layer_counts, t, l, DROPS, counting)
-                        if record:
-                            outcome[t, l, r] = miss.OUTCOME_DROP
-                    smass += wm[t, l, r]
-                    if r == 0:
-                        _bump(tok_counts, layer_counts, t, l, FIRST_CHOICE_SUBS, counting)
-                    if copies:
-                        fo[o, ACC] += wr
-                        if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
-                            link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue,
-                                                    queue_t, qhl, tok_counts, layer_counts, t, counting)
+                    if admits:
+                        if max_up > 0 and n_up >= max_up:
+                            _bump(tok_counts, layer_counts, t, l, CAPPED, counting)
+                        else:
+                            if step_pin:
+                                v = pin.insert(pin_mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin)
+                            else:
+                                v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+                            if v == pin.PIN_FULL:
+                                _bump(tok_counts, layer_counts, t, l, PIN_FULL, counting)
+                            elif v != registry.NOT_ADMITTED:
+                                n_up += 1
+                            if v >= 0:
+                                n_evict += 1
+                                if timed:
+                                    link_free = max(now, link_free) + s_writeback
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_FETCH
+                    continue
+                if action == miss.CPU:
+                    ran_cpu = True
+                    _bump(tok_counts, layer_counts, t, l, CPU, counting)
+                    nvme = tiered and _from_nvme(o, ram, ob, po)
+                    if nvme:
+                        _bump(tok_counts, layer_counts, t, l, CPU_NVME, counting)
+                    if timed:
+                        now += s_cpu_nvme if nvme else s_cpu_ram
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_CPU
+                    continue
+                # substituted or dropped: the step loses this expert's gate weight
+                sub = -1
+                if action == miss.SUBSTITUTE:
+                    sub = _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
+                if sub >= 0:
+                    _bump(tok_counts, layer_counts, t, l, SUBSTITUTIONS, counting)
+                    if timed:
+                        now += s_vram
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
+                        substitute[t, l, r] = sub - base
+                else:
+                    _bump(tok_counts, layer_counts, t, l, DROPS, counting)
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_DROP
+                smass += wm[t, l, r]
+                if r == 0:
+                    _bump(tok_counts, layer_counts, t, l, FIRST_CHOICE_SUBS, counting)
+                if copies:
+                    fo[o, ACC] += wr
+                    if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
+                        link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue,
+                                                queue_t, qhl, tok_counts, layer_counts, t, counting)
 
             if step_pin:
                 pin.restore(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
