@@ -14,11 +14,12 @@ from moesim.policies import miss as miss_mod
 from moesim.policies import registry
 from moesim.policies.miss import parse_miss
 from moesim.policies.registry import parse_eviction
+from moesim.simulator.step_pin import step_pin_refused
 
 ALLOCATIONS = ("per-layer", "global")
-# evictions whose victim search moves experts between lists (ARC's REPLACE, S3-FIFO's promotions, the SIEVE
-# hand, CLOCK's second chances): --step-pin is refused for them (docs/replay-semantics.md)
-STEP_PIN_REFUSED = ("arc", "s3fifo", "sieve", "clock")
+# evictions that are neither list nor heap policies (ARC, S3-FIFO, SIEVE, CLOCK: their victim search moves experts
+# between lists or clears bits on the way): --step-pin is refused for them (docs/replay-semantics.md)
+STEP_PIN_REFUSED = step_pin_refused()
 # fields added after results were first keyed, and their defaults (left out of to_dict at the default)
 LATER_DEFAULTS = {"step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None}
 

@@ -37,6 +37,11 @@ def _mode(e) -> int:
 MODES = np.array([_mode(e) for e in registry.EVICTIONS], np.int64)
 
 
+def step_pin_refused() -> tuple[str, ...]:
+    """The evictions --step-pin has no exact meaning for (neither a list nor a heap policy)."""
+    return tuple(e.name for e in registry.EVICTIONS if _mode(e) == MODE_NONE)
+
+
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def mark(sel, t, l, base, step, spin):
     """Pin the step's selected experts (resident or not) for this step."""
