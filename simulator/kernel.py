@@ -216,6 +216,70 @@ def _tier_run(o, l, wr, now, link_free, cost, timed, tiered, ram, copies, beta, 
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _pinned_hits(code, prm, pool, sel, next_req, t, l, base, tick1, uses_next, uses_score, inc, timed, s_vram, now,
+                 record, ob, fo, po, heap, outcome):
+    """--step-pin: the step's hits, before its misses, in rank order (ticks tick1, tick1 + 1, ...). Returns
+    (hits, now)."""
+    n = 0
+    for r in range(sel.shape[2]):
+        e = sel[t, l, r]
+        if e < 0 or ob[base + e, RES] == 0:
+            continue
+        o = base + e
+        if uses_next:
+            fo[o, NREQ] = next_req[t, l, r]
+        if uses_score:
+            fo[o, SCORE] += inc
+        registry.hit(code, ob, fo, po, heap, prm, pool, o, tick1 + n, True)
+        n += 1
+        if timed:
+            now += s_vram
+        if record:
+            outcome[t, l, r] = miss.OUTCOME_HIT
+    return n, now
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _admit_engine(pin_mode, code, prm, pool, o, tick, step, n_up, max_up, step_pin, ob, fo, po, heap, spin, tok_counts,
+                  layer_counts, t, l, counting):
+    """Admit a fetched expert under --max-uploads (beyond the cap: for this use only, counted as capped) and
+    --step-pin (no pinned victim; none left: pin_full). Returns (victim or a negative code, uploads so far)."""
+    if max_up > 0 and n_up >= max_up:
+        _bump(tok_counts, layer_counts, t, l, CAPPED, counting)
+        return registry.NOT_ADMITTED, n_up
+    if step_pin:
+        v = pin.insert(pin_mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin)
+    else:
+        v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+    if v == pin.PIN_FULL:
+        _bump(tok_counts, layer_counts, t, l, PIN_FULL, counting)
+    elif v != registry.NOT_ADMITTED:
+        n_up += 1
+    return v, n_up
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost, timed, tiered, ram, copies, beta, ob, fo, po, queue,
+                  queue_t, qhl, tok_counts, layer_counts, t, counting):
+    """lowbit:Q: copy the expert's low-bit copy (behind what is queued on the link, after ``copy_end``) and run it;
+    not admitted; with --admit its weight accumulates towards a background copy of the full expert. Returns
+    (now, link_free, copy_end, stall)."""
+    _bump(tok_counts, layer_counts, t, l, LOWBIT, counting)
+    if timed:
+        start = max(copy_end, link_free)
+        stall += start - copy_end
+        link_free = start + cost[S_FETCH_LOWBIT]
+        copy_end = link_free
+        now = max(now, link_free) + cost[S_LOWBIT_VRAM]
+    if copies:
+        fo[o, ACC] += wr
+        if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
+            link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue, queue_t, qhl,
+                                    tok_counts, layer_counts, t, counting)
+    return now, link_free, copy_end, stall
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def _enqueue(o, l, done, ob, queue, queue_t, qhl):
     """Queue a background copy of o (layer l) that completes at ``done``."""
     E = queue.shape[1]
@@ -257,7 +321,7 @@ def replay(steps, policy, setup, state, out):
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
     step_pin, max_up = policy.step_pin, policy.max_uploads
     pin_mode = pin.MODES[code]
-    n_pass = 2 if step_pin else 1
+    engine = step_pin or max_up > 0
     tier = False  # a low-bit tier (--lowbit-share): misses with a resident low-bit copy run it
     for o in range(lowbit_res.shape[0]):
         if lowbit_res[o]:
@@ -285,8 +349,9 @@ def replay(steps, policy, setup, state, out):
     s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
     s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
     s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
+    s_copy_ram, s_copy_nvme = cost[S_COPY_RAM], cost[S_COPY_NVME]
     s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
-    s_fetch_lowbit, s_lowbit_vram = cost[S_FETCH_LOWBIT], cost[S_LOWBIT_VRAM]
+    s_lowbit_vram = cost[S_LOWBIT_VRAM]
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
     copies = beta > 0.0 and admits
     now = clock[NOW]
@@ -338,23 +403,21 @@ def replay(steps, policy, setup, state, out):
                 for r in range(k):
                     if sel[t, l, r] >= 0:
                         fo[base + sel[t, l, r], MARK] = step
-            if step_pin:
+            if step_pin:  # the step's hits first (in rank order), then its misses below
                 pin.mark(sel, t, l, base, step, spin)
-            copy_end = now  # when the step's last copy lands (--step-pin: its fetches go onto the link together)
+                n_hit, now = _pinned_hits(code, prm, pool, sel, next_req, t, l, base, tick0 + E, uses_next, uses_score,
+                                          inc, timed, s_vram, now, record, ob, fo, po, heap, outcome)
+                n_req = n_hit
+                pin.raise_hits(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
+            copy_end = now  # --step-pin: the step's copies go onto the link together, from here
 
-            for rr in range(n_pass * k):  # --step-pin: the step's hits first, then its misses, each in rank order
-                r, ps = rr, 0
-                if rr >= k:  # the second pass (--step-pin)
-                    r, ps = rr - k, 1
-                    if rr == k:
-                        pin.raise_hits(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
-                        copy_end = now
+            for r in range(k):
                 e = sel[t, l, r]
                 if e < 0:
                     continue
                 o = base + e
-                if step_pin and (ob[o, RES] != 0) == (ps == 1):
-                    continue
+                if step_pin and ob[o, RES] != 0:
+                    continue  # a hit, handled above
                 tick = tick0 + E + (n_req if step_pin else r)  # --step-pin: ticks in the order handled
                 if uses_next:
                     fo[o, NREQ] = next_req[t, l, r]
@@ -379,51 +442,41 @@ def replay(steps, policy, setup, state, out):
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_LOWBIT
                     continue
-                if action == miss.FETCH or action == miss.LOWBIT:
-                    low = action == miss.LOWBIT
-                    nvme = False
-                    if low:
-                        _bump(tok_counts, layer_counts, t, l, LOWBIT, counting)
-                    else:
-                        n_fetch += 1
-                        nvme = tiered and _from_nvme(o, ram, ob, po)
-                        if nvme:
-                            _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
+                if action == miss.FETCH:
+                    n_fetch += 1
+                    nvme = tiered and _from_nvme(o, ram, ob, po)
+                    if nvme:
+                        _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
                     if timed:
                         if not step_pin:
                             copy_end = now
                         start = max(copy_end, link_free)  # behind any queued background copy
                         stall += start - copy_end
-                        link_free = start + (s_fetch_lowbit if low else (s_fetch_nvme if nvme else s_fetch_ram))
+                        link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
                         copy_end = link_free
-                        now = max(now, link_free) + (s_lowbit_vram if low else s_vram)
-                    if low:
-                        if record:
-                            outcome[t, l, r] = miss.OUTCOME_LOWBIT
-                        if copies:
-                            fo[o, ACC] += wr
-                            if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
-                                link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po,
-                                                        queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
-                        continue
+                        now = max(now, link_free) + s_vram
                     if admits:
-                        if max_up > 0 and n_up >= max_up:
-                            _bump(tok_counts, layer_counts, t, l, CAPPED, counting)
+                        if engine:  # --step-pin or --max-uploads
+                            v, n_up = _admit_engine(pin_mode, code, prm, pool, o, tick, step, n_up, max_up, step_pin,
+                                                    ob, fo, po, heap, spin, tok_counts, layer_counts, t, l, counting)
                         else:
-                            if step_pin:
-                                v = pin.insert(pin_mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin)
-                            else:
-                                v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
-                            if v == pin.PIN_FULL:
-                                _bump(tok_counts, layer_counts, t, l, PIN_FULL, counting)
-                            elif v != registry.NOT_ADMITTED:
-                                n_up += 1
-                            if v >= 0:
-                                n_evict += 1
-                                if timed:
-                                    link_free = max(now, link_free) + s_writeback
+                            v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+                        if v >= 0:
+                            n_evict += 1
+                            if timed:
+                                link_free = max(now, link_free) + s_writeback
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_FETCH
+                    continue
+                if action == miss.LOWBIT:
+                    if not step_pin:
+                        copy_end = now
+                    now, link_free, copy_end, stall = _lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost,
+                                                                    timed, tiered, ram, copies, beta, ob, fo, po,
+                                                                    queue, queue_t, qhl, tok_counts, layer_counts, t,
+                                                                    counting)
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_LOWBIT
                     continue
                 if action == miss.CPU:
                     ran_cpu = True
@@ -457,8 +510,15 @@ def replay(steps, policy, setup, state, out):
                 if copies:
                     fo[o, ACC] += wr
                     if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
-                        link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue,
-                                                queue_t, qhl, tok_counts, layer_counts, t, counting)
+                        # a background copy: occupies the link after what is queued on it
+                        fo[o, ACC] = 0.0
+                        _bump(tok_counts, layer_counts, t, l, COPIES, counting)
+                        nvme = tiered and _from_nvme(o, ram, ob, po)
+                        if nvme:
+                            _bump(tok_counts, layer_counts, t, l, COPIES_NVME, counting)
+                        if timed:
+                            link_free = max(now, link_free) + (s_copy_nvme if nvme else s_copy_ram)
+                        _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
 
             if step_pin:
                 pin.restore(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
