@@ -3,9 +3,10 @@
 Under overlap a step's copies are all issued at its router decision (``t_r``, after its dense work) onto
 the link in rank order; the GPU first runs the step's resident work (hits, substitutes, CPU experts and the
 CPU hand-off: the kernel accumulates it in ``now``), then each link-dependent expert (a fetch, or a request
-served by a prefetch still in flight) as soon as its copy has landed and the GPU is free, in landing order.
-With equal compute times that order finishes the step as early as any (earliest release first), so the
-step's end is max(resident end + m x s_vram, H) where H chains max(H, landing) + s_vram over the m landings.
+served by a prefetch still in flight) in rank order, each as soon as its copy has landed and the GPU is free.
+The step's own fetches land in rank order (one link, issued back to back), so for them this is landing
+order; a prefetch still in flight was issued before them and lands first. The step's end is
+max(resident end + m x s_vram, H), where H chains max(H, landing) + s_vram over the m link-dependent experts.
 
 A step's stall is what other traffic on the link (background copies, prefetches, write-backs, and the wait
 for a prefetch still in flight) adds to its end: the end minus the end it would have with the link carrying

@@ -1,0 +1,165 @@
+"""Prefetch and the overlapped clock: the kernel against the reference (count for count, second for
+second) on random seeded traces, per-layer and global pools, warm-up, reset per sequence, background
+admission; and the rules the options refuse."""
+
+import itertools
+
+import numpy as np
+import pytest
+from reference_replay import COUNTERS, random_routing_arrays, reference_replay
+from replay_helpers import make_routing, seeded_rng
+from test_replay_stream import write_trace
+from test_replay_timed import fake_cost
+
+from moesim.errors import MoesimError
+from moesim.simulator import SimConfig, simulate
+
+PREFETCHES = ["none", "prev-token", "next-layer", "lookahead", "oracle"]
+OVERLAPS = ["none", "layer", "cross-layer"]
+# (eviction, miss, admit): rotated over the (prefetch, overlap) pairs so every pair sees several
+POLICIES = [("lru", "fetch-all", None), ("lfu", "first-choice", 0.4), ("belady", "threshold:0.3", 0.5),
+            ("fifo", "substitute", 0.3), ("s3fifo", "cpu", None), ("static", "fetch-all", None),
+            ("arc", "first-choice", 0.6), ("freq", "fetch-all", None)]
+
+
+def cost_dict(cost, L):
+    return {"dense_layer": cost.s_dense / L, "vram": cost.s_expert_vram, "fetch_ram": cost.s_fetch_ram,
+            "fetch_nvme": cost.s_fetch_nvme, "cpu_ram": cost.s_expert_cpu, "cpu_nvme": cost.s_expert_cpu_nvme,
+            "copy_ram": cost.s_copy_link, "copy_nvme": cost.s_copy_nvme, "cpu_handoff": cost.s_cpu_handoff,
+            "writeback": cost.s_writeback}
+
+
+def random_lookahead(rng, sel, E):
+    """A lookahead column: next layer's true experts with some replaced at random (-1 at the last layer)."""
+    T, L, k = sel.shape
+    look = np.full_like(sel, -1)
+    look[:, :-1] = sel[:, 1:]
+    noise = rng.integers(-1, E, size=look.shape).astype(np.int16)
+    swap = rng.random(look.shape) < 0.3
+    look[swap] = noise[swap]
+    look[:, -1] = -1
+    for t in range(T):  # distinct ids per row, as a router's top-k
+        for l in range(L - 1):
+            seen = set()
+            for r in range(k):
+                if look[t, l, r] in seen:
+                    look[t, l, r] = -1
+                seen.add(int(look[t, l, r]))
+    return look
+
+
+def popular_ram(sel, L, E, ram_cap):
+    counts: dict = {}
+    for t in range(sel.shape[0]):
+        for l in range(L):
+            for e in sel[t, l]:
+                counts[(l, int(e))] = counts.get((l, int(e)), 0) + 1
+    popular = sorted(((l, e) for l in range(L) for e in range(E)), key=lambda o: (-counts.get(o, 0), o))
+    return list(reversed(popular[:ram_cap or 0]))
+
+
+@pytest.mark.parametrize("prefetch,overlap", list(itertools.product(PREFETCHES, OVERLAPS)))
+def test_kernel_matches_reference(prefetch, overlap):
+    with seeded_rng("prefetch", prefetch, overlap) as rng:
+        _kernel_matches_reference(rng, prefetch, overlap)
+
+
+def _kernel_matches_reference(rng, prefetch, overlap):
+    shapes = [(50, 3, 10, 3, 7, 2, 3, 12, "per-layer", True, 0, 2),
+              (40, 4, 8, 2, 6, 1, 2, 40, "global", False, 5, 1),
+              (45, 3, 12, 3, 8, 3, 4, 0, "per-layer", True, 3, 1),
+              (30, 2, 6, 2, 6, 1, 2, 5, "global", True, 0, 1)]
+    for i, (T, L, E, k, M, n_seq, slots, ram_slots, alloc, engine, warmup, depth) in enumerate(shapes):
+        ev, miss, admit = POLICIES[(PREFETCHES.index(prefetch) * 3 + OVERLAPS.index(overlap) + i) % len(POLICIES)]
+        if prefetch == "lookahead":
+            depth = 1
+        sel, w, cand, seq = random_routing_arrays(rng, T, L, E, k, M, n_seq)
+        routing = make_routing(sel, w, cand, seq, E)
+        look = random_lookahead(rng, sel, E)
+        routing.lookahead = look
+        cost = fake_cost(L, E, rng, ram_slots, engine)
+        ram_cap = ram_slots if ram_slots < L * E else None
+        for priced in (False, True):
+            config = SimConfig(eviction=ev, miss=miss, slots=slots, admit=admit, allocation=alloc,
+                               reset_per_sequence=n_seq > 1, warmup_tokens=warmup, prefetch=prefetch,
+                               prefetch_depth=depth, overlap=overlap)
+            res = simulate(routing, config, cost=cost if priced else None)
+            ref_layers, ref_tokens = reference_replay(
+                sel, w, cand, seq, E, eviction=ev, miss=miss.partition(":")[0],
+                theta=float(miss.partition(":")[2] or 0), slots=slots, admit=admit, allocation=alloc,
+                reset_per_sequence=n_seq > 1, warmup_tokens=warmup,
+                ram_cap=ram_cap if priced else None,
+                ram_warm=popular_ram(sel, L, E, ram_cap) if priced else (),
+                cost=cost_dict(cost, L) if priced else None, overlap=overlap, prefetch=prefetch,
+                prefetch_depth=depth, lookahead=look)
+            label = f"{config.label()} priced={priced} shape={i}"
+            for c, name in enumerate(COUNTERS):
+                assert res.counts[:, c].tolist() == [ref_layers[l][name] for l in range(L)], f"{label} {name}"
+                assert res.token_counts[:, c].tolist() == [x[name] for x in ref_tokens], f"{label} {name} per token"
+            if priced:
+                np.testing.assert_allclose(res.token_seconds, [x["seconds"] for x in ref_tokens], rtol=1e-9,
+                                           err_msg=label)
+                np.testing.assert_allclose(res.token_stall, [x["stall"] for x in ref_tokens], rtol=1e-9, atol=1e-12,
+                                           err_msg=label)
+            if prefetch != "none" and ev != "static":
+                assert res.counts[:, COUNTERS.index("prefetches")].sum() > 0 or prefetch == "prev-token", label
+
+
+def test_prefetch_train_matches_reference(tmp_path):
+    """--prefetch-train: the next-layer table learned from another trace file of the same geometry; a
+    trace of another geometry is refused."""
+    from moesim.traces import load_routing
+
+    with seeded_rng("prefetch-train") as rng:
+        T, L, E, k, M = 40, 3, 10, 3, 6
+        sel, w, cand, seq = random_routing_arrays(rng, T, L, E, k, M, 1)
+        routing = make_routing(sel, w, cand, seq, E)
+        path = write_trace(tmp_path / "train.parquet", make_routing(*random_routing_arrays(rng, 60, L, E, k, M, 2), E),
+                           64)
+        tsel = load_routing(path).sel
+        cost = fake_cost(L, E, rng, L * E, False)
+        for depth in (1, 2):
+            config = SimConfig(eviction="lru", miss="fetch-all", slots=3, prefetch="next-layer", prefetch_depth=depth,
+                               prefetch_train=str(path), overlap="cross-layer")
+            res = simulate(routing, config, cost=cost)
+            ref_layers, ref_tokens = reference_replay(sel, w, cand, seq, E, eviction="lru", miss="fetch-all", slots=3,
+                                                      cost=cost_dict(cost, L), overlap="cross-layer",
+                                                      prefetch="next-layer", prefetch_depth=depth, prefetch_train=tsel)
+            for c, name in enumerate(COUNTERS):
+                assert res.counts[:, c].tolist() == [ref_layers[l][name] for l in range(L)], f"depth {depth} {name}"
+            np.testing.assert_allclose(res.token_seconds, [x["seconds"] for x in ref_tokens], rtol=1e-9)
+            assert res.totals()["prefetches"] > 0
+        other = make_routing(*random_routing_arrays(rng, 5, 2, E, k, M, 1), E)
+        with pytest.raises(MoesimError, match="prefetch-train"):
+            simulate(other, SimConfig(eviction="lru", slots=2, prefetch="next-layer", prefetch_train=str(path)))
+
+
+def test_refusals():
+    with seeded_rng("prefetch-refusals") as rng:
+        routing = make_routing(*random_routing_arrays(rng, 5, 2, 8, 2, 4, 1), 8)
+    with pytest.raises(MoesimError, match="lookahead column"):
+        simulate(routing, SimConfig(slots=2, prefetch="lookahead"))
+    routing.lookahead = np.full_like(routing.sel, -1)
+    with pytest.raises(MoesimError, match="depth 1"):
+        simulate(routing, SimConfig(slots=2, prefetch="lookahead", prefetch_depth=2))
+    for bad in ({"prefetch": "bogus"}, {"overlap": "full"}, {"prefetch_depth": 0},
+                {"prefetch": "oracle", "prefetch_train": "x.parquet"}):
+        with pytest.raises(MoesimError):
+            SimConfig(slots=2, **bad)
+
+
+def test_default_keys_unchanged():
+    """Configs without prefetch or overlap keep the keys results were stored under."""
+    c = SimConfig(eviction="lru", miss="fetch-all", budget=0.25)
+    assert "prefetch" not in c.to_dict() and "overlap" not in c.to_dict()
+    assert SimConfig(eviction="lru", budget=0.25, prefetch="oracle").key() != c.key()
+
+
+def test_pinned_evictions_do_not_prefetch():
+    with seeded_rng("prefetch-pinned") as rng:
+        routing = make_routing(*random_routing_arrays(rng, 20, 3, 8, 2, 4, 1), 8)
+    for ev in ("static", "static-layers"):
+        res = simulate(routing, SimConfig(eviction=ev, slots=3, prefetch="oracle"))
+        plain = simulate(routing, SimConfig(eviction=ev, slots=3))
+        assert res.totals()["prefetches"] == 0
+        np.testing.assert_array_equal(res.counts, plain.counts)
