@@ -163,3 +163,85 @@ def test_pinned_evictions_do_not_prefetch():
         plain = simulate(routing, SimConfig(eviction=ev, slots=3))
         assert res.totals()["prefetches"] == 0
         np.testing.assert_array_equal(res.counts, plain.counts)
+
+
+# ------------------------------------------------------------------------------------- hand-built clocks
+
+
+def hand_cost(L, dense_layer=1.0, vram=0.5, copy=2.0, writeback=0.0):
+    """Round seconds per operation: every expert fits host RAM, fetches and copies take ``copy``."""
+    import dataclasses
+
+    from moesim.costmodel.timing import cost_params
+
+    base = cost_params("qwen3-30b-a3b", "q4_k_m", "rtx3090-pcie4")
+    return dataclasses.replace(base, s_dense=dense_layer * L, s_dense_per_seq=0.0, s_expert_vram=vram,
+                               s_fetch_ram=copy, s_fetch_nvme=copy, s_copy_link=copy, s_copy_nvme=copy,
+                               s_expert_cpu=3.0, s_expert_cpu_nvme=3.0, ram_expert_capacity=10**6, unified=False,
+                               s_cpu_handoff=0.0, s_writeback=writeback)
+
+
+def hand_routing(rows, E):
+    """Tokens of one sequence; rows[t][l] = the selected experts of (t, l) in rank order."""
+    sel = np.array(rows, np.int16)
+    T, L, k = sel.shape
+    w = np.full((T, L, k), 1.0 / k, np.float32)
+    cand = np.tile(np.arange(E, dtype=np.int16), (T, L, 1))
+    return make_routing(sel, w, cand, np.zeros(T, np.int32), E)
+
+
+def test_overlap_within_a_layer_by_hand():
+    """One layer, three cold misses then two hits and a miss. dense 1 s, expert 0.5 s, copy 2 s.
+    none: token 0 = 1 + 3 x (2 + 0.5) = 8.5 s; token 1: dense to 9.5, hit 10, copy 10-12, run to 12.5,
+    hit 13 -> 4.5 s. layer: copies issued at 1 land at 3, 5, 7, each run as it lands: 7.5 s; token 1: router
+    at 8.5, hits run to 9.5, the copy lands at 10.5 and runs to 11 -> 3.5 s."""
+    routing = hand_routing([[[0, 1, 2]], [[0, 3, 1]]], 8)
+    cost = hand_cost(1)
+    want = {"none": [8.5, 4.5], "layer": [7.5, 3.5], "cross-layer": [7.5, 3.5]}
+    for mode, seconds in want.items():
+        res = simulate(routing, SimConfig(eviction="lru", slots=4, overlap=mode), cost=cost)
+        np.testing.assert_allclose(res.token_seconds, seconds, rtol=1e-12, err_msg=mode)
+        np.testing.assert_allclose(res.token_stall, [0.0, 0.0], atol=1e-12, err_msg=mode)
+
+
+def test_prefetch_clock_by_hand():
+    """Two layers, top-1: token 0 selects expert 0 at layer 0 and expert 1 at layer 1; oracle prefetch of
+    the next layer. dense 1 s per layer, expert 0.5 s, copy 2 s.
+
+    - no prefetch, none: layer 0 copies 1-3, runs to 3.5; layer 1 at 4.5 copies to 6.5, runs to 7: 7 s.
+    - oracle, none: layer 0 as before, the prefetch of expert 1 is issued at 1 behind the fetch: 3-5.
+      Layer 1 asks at 4.5: late by 0.5 (stall), runs 5-5.5: 5.5 s, stall 0.5.
+    - oracle, cross-layer: the same link; layer 0 ends at 3.5, layer 1's router at 4.5 waits for the landing
+      at 5: 5.5 s, stall 0.5, the prefetch late.
+    - oracle, layer: the link is synchronized at the end of layer 0 (5, stall 1.5); layer 1 at 6 finds
+      expert 1 landed: a hit, on time, ends at 6.5: 6.5 s."""
+    routing = hand_routing([[[0], [1]]], 4)
+    cost = hand_cost(2)
+    plain = simulate(routing, SimConfig(eviction="lru", slots=2), cost=cost)
+    assert plain.token_seconds.tolist() == [7.0]
+    want = {"none": (5.5, 0.5, 1), "cross-layer": (5.5, 0.5, 1), "layer": (6.5, 1.5, 0)}
+    for mode, (seconds, stall, late) in want.items():
+        res = simulate(routing, SimConfig(eviction="lru", slots=2, prefetch="oracle", overlap=mode), cost=cost)
+        t = res.totals()
+        assert (t["prefetches"], t["prefetch_used"], t["prefetch_late"]) == (1, 1, late), mode
+        assert (t["hits"], t["fetches"], t["misses"]) == (1, 1, 1), mode
+        np.testing.assert_allclose(res.token_seconds, [seconds], rtol=1e-12, err_msg=mode)
+        np.testing.assert_allclose(res.token_stall, [stall], rtol=1e-12, err_msg=mode)
+
+
+def test_prefetch_delays_a_fetch_by_hand():
+    """A prefetch occupies the link: token 0's lookahead names expert 1 for layer 1, which asks for 2.
+    Layer 0: dense to 1, copy 1-3, run to 3.5, prefetch of 1 on the link 3-5. Layer 1: router at 4.5, the
+    fetch of 2 waits for the link until 5 (stall 0.5), copies 5-7, runs to 7.5: 7.5 s (7 s without the
+    prefetch). Token 1 (no lookahead): layer 0 hits (8.5 -> 9); at layer 1 (10) the prefetched expert 1 has
+    landed: a hit, used on time, 10.5: 3 s."""
+    routing = hand_routing([[[0], [2]], [[0], [1]]], 4)
+    routing.lookahead = np.array([[[1], [-1]], [[-1], [-1]]], np.int16)
+    cost = hand_cost(2)
+    res = simulate(routing, SimConfig(eviction="lru", slots=2, prefetch="lookahead"), cost=cost)
+    np.testing.assert_allclose(res.token_seconds, [7.5, 3.0], rtol=1e-12)
+    np.testing.assert_allclose(res.token_stall, [0.5, 0.0], rtol=1e-12)
+    t = res.totals()
+    assert (t["prefetches"], t["prefetch_used"], t["prefetch_late"], t["hits"], t["fetches"]) == (1, 1, 0, 2, 2)
+    plain = simulate(routing, SimConfig(eviction="lru", slots=2), cost=cost)
+    assert plain.token_seconds.tolist()[0] == 7.0
