@@ -16,7 +16,6 @@ from moesim.policies.static import most_requested
 from moesim.policies.structures import N_FO, N_OB, new_pools
 from moesim.simulator.batch import batch_routing
 from moesim.simulator.config import SimConfig
-from moesim.simulator.prefetch import N_PF_SCAL
 from moesim.simulator.kernel import (
     N_CLOCK,
     N_COSTS,
@@ -33,6 +32,7 @@ from moesim.simulator.kernel import (
     S_FETCH_RAM,
     S_WRITEBACK,
 )
+from moesim.simulator.prefetch import N_PF_SCAL
 from moesim.traces.routing import Routing
 
 

@@ -11,8 +11,6 @@ from numba import njit
 
 from moesim.policies import miss, registry
 from moesim.policies import prefetch as pfp
-from moesim.simulator import overlap
-from moesim.simulator import prefetch as pfm
 from moesim.policies.structures import (
     ACC,
     CAP,
@@ -35,6 +33,8 @@ from moesim.policies.structures import (
     X0,
     list_clear,
 )
+from moesim.simulator import overlap
+from moesim.simulator import prefetch as pfm
 
 # counter columns (per layer and per token)
 COUNTER_NAMES = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",

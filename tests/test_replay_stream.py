@@ -12,9 +12,9 @@ from replay_helpers import make_routing, seeded_rng
 from test_replay_timed import fake_cost
 
 from moesim.errors import MoesimError
-from moesim.simulator.kernel import COUNTER_NAMES
 from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
+from moesim.simulator.kernel import COUNTER_NAMES
 from moesim.traces import TraceMeta, TraceWriter, load_routing
 from moesim.traces.stream import DecodedStore
 
