@@ -153,7 +153,8 @@ class SimConfig:
         return " / ".join(parts)
 
     def prefetch_label(self) -> str:
-        """'prefetch oracle', 'prefetch next-layer:2' (depth 2), '' without prefetch."""
+        """'pf oracle' (prefetch oracle), 'pf next-layer:2' (depth 2), '' without prefetch: short, so that
+        the sweep's policy column stays narrow."""
         if self.prefetch == "none":
             return ""
-        return f"prefetch {self.prefetch}" + (f":{self.prefetch_depth}" if self.prefetch_depth != 1 else "")
+        return f"pf {self.prefetch}" + (f":{self.prefetch_depth}" if self.prefetch_depth != 1 else "")

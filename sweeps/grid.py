@@ -16,9 +16,10 @@ Left out:
   is kept.
 
 The named presets and the speed-up baseline (default: the fetch-all preset) are always added, and, in the
-default grid, three prefetch variants under fetch-all (PREFETCH_VARIANTS): lru + oracle, lru + next-layer
-and belady + oracle (the lower bound on time per token: the offline eviction with the perfect prefetcher).
-A prefetch axis (``prefetches``, --prefetch) replaces them by every eviction x miss x admission x prefetch.
+default grid (default eviction and miss axes), three prefetch variants under fetch-all (PREFETCH_VARIANTS):
+lru + oracle, lru + next-layer and belady + oracle (the lower bound on time per token of a policy that runs
+every selected expert: the offline eviction with the perfect prefetcher). A prefetch axis (``prefetches``,
+--prefetch) replaces them by every eviction x miss x admission x prefetch.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ def expand(config_axes: Grid) -> list[Planned]:
             add(cfg, hw, quant)
         for p in PRESETS.values() if g.presets else ():
             add(make(size, allocation, batch, p["eviction"], p["miss"], p["admit"]), hw, quant)
-        for eviction, prefetch in PREFETCH_VARIANTS if g.presets and g.prefetches is None else ():
+        variants = g.presets and g.prefetches is None and g.evictions is None and g.misses is None
+        for eviction, prefetch in PREFETCH_VARIANTS if variants else ():
             add(make(size, allocation, batch, eviction, "fetch-all", None, prefetch), hw, quant)
         add(baseline_of(make(size, allocation, batch, "lru", "fetch-all", None), g.baseline), hw, quant)
     return list(out.values())
