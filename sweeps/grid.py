@@ -324,6 +324,8 @@ def axis(name: str, values) -> list:
     if name == "prefetches":
         from moesim.policies import prefetch as prefetch_mod
 
+        if isinstance(values, (list, tuple)):  # repeated flags may each hold a comma list
+            values = [x for v in values for x in (v.split(",") if isinstance(v, str) else [v])]
         names = _strings(values, "prefetch")
         for n in names:
             prefetch_mod.get(n)

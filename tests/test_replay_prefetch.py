@@ -245,3 +245,76 @@ def test_prefetch_delays_a_fetch_by_hand():
     assert (t["prefetches"], t["prefetch_used"], t["prefetch_late"], t["hits"], t["fetches"]) == (1, 1, 0, 2, 2)
     plain = simulate(routing, SimConfig(eviction="lru", slots=2), cost=cost)
     assert plain.token_seconds.tolist()[0] == 7.0
+
+
+# ------------------------------------------------------------------------------------------------- the CLI
+
+
+def test_simulate_cli_prefetch_and_overlap(tmp_path):
+    """simulate prints precision/recall/timeliness, its JSON totals carry the prefetch counters and bytes;
+    lookahead on a trace without the column is one line, exit 2; the engine profile sets the overlap."""
+    import json
+    import subprocess
+
+    from sweep_helpers import MOESIM, run_cli, small_trace
+
+    trace = small_trace(tmp_path)
+    res = run_cli("simulate", trace, "-e", "lru", "-b", "0.25", "--prefetch", "oracle", "--overlap", "cross-layer")
+    assert "prefetch " in res.stdout and "precision" in res.stdout and "timeliness" in res.stdout
+    doc = json.loads(run_cli("simulate", trace, "-e", "lru", "-b", "0.25", "--prefetch", "next-layer",
+                             "--format", "json").stdout)
+    t = doc["totals"]
+    assert t["prefetches"] > 0 and t["prefetch_bytes"] == t["prefetches"] * doc["timing"]["bytes_per_expert"]
+    assert 0 <= t["prefetch_used"] <= t["prefetches"] and t["prefetch_late"] <= t["prefetch_used"]
+    assert doc["config"]["prefetch"] == "next-layer" and doc["timing"]["overlap"] == "none"
+    doc = json.loads(run_cli("simulate", trace, "-e", "lru", "-b", "0.25", "--engine", "mixtral-offloading",
+                             "--format", "json").stdout)
+    assert doc["timing"]["overlap"] == "layer"
+    bad = subprocess.run([*MOESIM, "simulate", str(trace), "-b", "0.25", "--prefetch", "lookahead"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert bad.stderr.startswith("moesim: error: --prefetch lookahead needs a trace with the lookahead column")
+
+
+def test_overlap_engine_default_and_override():
+    """--overlap given beats the engine profile's; without a cost model there is no clock to overlap."""
+    import dataclasses
+
+    with seeded_rng("overlap-engine") as rng:
+        routing = make_routing(*random_routing_arrays(rng, 30, 2, 8, 2, 4, 1), 8)
+    cost = dataclasses.replace(hand_cost(2), overlap="layer")
+    by_engine = simulate(routing, SimConfig(slots=2), cost=cost)
+    assert by_engine.token_seconds.tolist() == simulate(routing, SimConfig(slots=2, overlap="layer"),
+                                                         cost=hand_cost(2)).token_seconds.tolist()
+    assert simulate(routing, SimConfig(slots=2, overlap="none"), cost=cost).token_seconds.tolist() == \
+        simulate(routing, SimConfig(slots=2), cost=hand_cost(2)).token_seconds.tolist()
+    assert by_engine.timing["overlap"] == "layer"
+
+
+def test_sweep_prefetch_variants_and_lower_bound(tmp_path):
+    """The default grid holds the three prefetch variants; belady + oracle is named as the lower bound
+    (table note and JSON header); --prefetch makes an axis; the API passes the options through."""
+    import json
+
+    from sweep_helpers import run_cli, small_trace
+
+    import moesim
+
+    trace = small_trace(tmp_path)
+    doc = json.loads(run_cli("sweep", trace, "-b", "0.25", "--format", "json", "--jobs", "1").stdout)
+    rows = {r["policy"]: r for r in doc["rows"]}
+    variants = {"lru / fetch-all / pf oracle", "lru / fetch-all / pf next-layer", "belady / fetch-all / pf oracle"}
+    assert variants <= set(rows)
+    bound = rows["belady / fetch-all / pf oracle"]
+    assert doc["lower_bound"][0]["ms_per_token"] == bound["ms_per_token"]
+    assert bound["prefetch_precision"] == 1.0 and bound["prefetches"] > 0
+    assert rows["lru / fetch-all"]["preset"] == "fetch-all" and rows["lru / fetch-all / pf oracle"]["preset"] == ""
+    text = run_cli("sweep", trace, "-b", "0.25", "--jobs", "1").stdout
+    assert "Lower bound on time per token" in text
+    axis = json.loads(run_cli("sweep", trace, "-b", "0.25", "-e", "lru", "-m", "fetch-all", "--prefetch",
+                              "none,prev-token", "--overlap", "cross-layer", "--format", "json").stdout)["rows"]
+    assert {r["policy"] for r in axis if r["eviction"] == "lru" and r["miss"] == "fetch-all"} == \
+        {"lru / fetch-all", "lru / fetch-all / pf prev-token"}
+    assert {r["overlap"] for r in axis} == {"cross-layer"}
+    row = moesim.simulate(trace, eviction="lru", budget=0.25, prefetch="oracle", overlap="layer")
+    assert row["prefetch"][0] == "oracle" and row["overlap"][0] == "layer" and row["speedup"][0] > 0
