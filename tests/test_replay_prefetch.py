@@ -318,3 +318,18 @@ def test_sweep_prefetch_variants_and_lower_bound(tmp_path):
     assert {r["overlap"] for r in axis} == {"cross-layer"}
     row = moesim.simulate(trace, eviction="lru", budget=0.25, prefetch="oracle", overlap="layer")
     assert row["prefetch"][0] == "oracle" and row["overlap"][0] == "layer" and row["speedup"][0] > 0
+
+
+def test_batched_prefetch_runs_on_the_union():
+    """--batch: prediction reads the lock-step union's rows (oracle: the union's experts of the target)."""
+    with seeded_rng("prefetch-batch") as rng:
+        routing = make_routing(*random_routing_arrays(rng, 40, 3, 10, 2, 5, 4), 10)
+    t = simulate(routing, SimConfig(slots=4, batch=2, prefetch="oracle")).totals()
+    assert t["prefetch_used"] > 0 and t["prefetches"] >= t["prefetch_used"] and t["misses"] == t["fetches"]
+
+
+def test_emulator_refuses_prefetch():
+    from moesim.emulator.policy import check_config
+
+    with pytest.raises(MoesimError, match="prefetch"):
+        check_config(SimConfig(slots=2, prefetch="oracle"))
