@@ -39,6 +39,7 @@ class TimedSums:
 
 
 PREFETCH_RATES = ("prefetch_precision", "prefetch_recall", "prefetch_timeliness")
+_NAN = float("nan")  # one object, so that equal totals compare equal (dict equality tries identity first)
 
 
 def prefetch_rates(c: dict) -> dict:
@@ -46,7 +47,7 @@ def prefetch_rates(c: dict) -> dict:
     requests that found their expert absent from the cache that a prefetch served; timeliness = 1 - late /
     used. NaN where the denominator is 0 (no prefetch)."""
     used, issued, late = c["prefetch_used"], c["prefetches"], c["prefetch_late"]
-    nan = float("nan")
+    nan = _NAN
     return {"prefetch_precision": used / issued if issued else nan,
             "prefetch_recall": used / (used + c["misses"]) if issued and used + c["misses"] else nan,
             "prefetch_timeliness": 1.0 - late / used if used else nan}
