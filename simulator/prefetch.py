@@ -61,17 +61,37 @@ def predict(mode, t, l, lt, sel, look, succ, cnt, prev, pf_scal, seq_t, score, p
                     pick[n] = s
                     n += 1
                 score[s] += cnt[l, e, j]
-        # the k best by summed count (equal sums: lower id), by selection into the front of pick
-        m = min(n, k)
-        for i in range(m):
-            b = i
-            for j in range(i + 1, n):
-                if score[pick[j]] > score[pick[b]] or (score[pick[j]] == score[pick[b]] and pick[j] < pick[b]):
-                    b = j
-            pick[i], pick[b] = pick[b], pick[i]
-        for i in range(n):
-            score[pick[i]] = 0.0
-        n = m
+        # the k best by summed count (equal sums: lower id), kept sorted at the front of pick by insertion:
+        # candidate j is read before any write reaches index j
+        cnt = 0
+        for j in range(n):
+            c = pick[j]
+            v = score[c]
+            if cnt == k:
+                last = pick[k - 1]
+                if v < score[last] or (v == score[last] and c > last):
+                    continue
+                pos = k - 1
+            else:
+                pos = cnt
+                cnt += 1
+            while pos > 0:
+                p = pick[pos - 1]
+                if v > score[p] or (v == score[p] and c < p):
+                    pick[pos] = p
+                    pos -= 1
+                else:
+                    break
+            pick[pos] = c
+        for r in range(k):  # the scratch back to zero (pick no longer lists every candidate)
+            e = sel[t, l, r]
+            if e >= 0:
+                for j in range(succ.shape[2]):
+                    s = succ[l, e, j]
+                    if s < 0:
+                        break
+                    score[s] = 0.0
+        n = cnt
     return n
 
 
