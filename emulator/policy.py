@@ -33,6 +33,9 @@ def check_config(config: SimConfig) -> None:
         raise MoesimError("the emulator needs per-layer pools: with --allocation global a layer's decisions depend "
                           "on the other layers' requests of earlier tokens, which a teacher-forced pass computes "
                           "only after it (emulate with per-layer pools)")
+    if config.prefetch != "none":
+        raise MoesimError("the emulator replays one layer at a time; a prefetch fills a layer's cache from "
+                          "another layer's step, so emulate without --prefetch")
     if config.batch != 1:
         raise MoesimError("the emulator runs one sequence at a time (batch 1); batched decoding is a time-model "
                           "question, not a quality one")

@@ -10,11 +10,13 @@ from dataclasses import dataclass
 
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
+from moesim.policies import prefetch as prefetch_mod
 from moesim.policies import registry
 from moesim.policies.miss import parse_miss
 from moesim.policies.registry import parse_eviction
 
 ALLOCATIONS = ("per-layer", "global")
+_LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": None, "overlap": None}
 
 
 def slots_for_budget(budget: float, n_experts: int) -> int:
@@ -38,6 +40,10 @@ class SimConfig:
     warmup_tokens: int = 0
     reset_per_sequence: bool = False
     batch: int = 1
+    prefetch: str = "none"
+    prefetch_depth: int = 1
+    prefetch_train: str | None = None
+    overlap: str | None = None  # none | layer | cross-layer; None: the engine profile's (docs/replay-semantics.md)
 
     def __post_init__(self):
         ev, ev_arg = parse_eviction(self.eviction)
@@ -69,6 +75,16 @@ class SimConfig:
         if int(self.batch) != self.batch or self.batch < 1:
             raise MoesimError(f"batch must be a positive whole number, got {self.batch!r}")
         object.__setattr__(self, "batch", int(self.batch))
+        prefetch_mod.get(self.prefetch)
+        if int(self.prefetch_depth) != self.prefetch_depth or self.prefetch_depth < 1:
+            raise MoesimError(f"prefetch depth must be a positive whole number of layers, got {self.prefetch_depth!r}")
+        object.__setattr__(self, "prefetch_depth", int(self.prefetch_depth))
+        if self.prefetch_train is not None:
+            if self.prefetch != "next-layer":
+                raise MoesimError("--prefetch-train trains the next-layer prefetch: give --prefetch next-layer")
+            object.__setattr__(self, "prefetch_train", str(self.prefetch_train))
+        if self.overlap is not None:
+            prefetch_mod.overlap_code(self.overlap)
 
     @property
     def eviction_name(self) -> str:
@@ -109,7 +125,12 @@ class SimConfig:
         return n
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        # fields added later are left out at their defaults, so earlier configs keep their keys
+        for name, default in _LATER_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
     def key(self) -> str:
         """Stable hash of the config: results are stored under it."""
@@ -125,4 +146,15 @@ class SimConfig:
             parts.append(self.allocation)
         if self.batch > 1:
             parts.append(f"batch {self.batch}")
+        if self.prefetch != "none":
+            parts.append(self.prefetch_label())
+        if self.overlap is not None:
+            parts.append(f"overlap {self.overlap}")
         return " / ".join(parts)
+
+    def prefetch_label(self) -> str:
+        """'pf oracle' (prefetch oracle), 'pf next-layer:2' (depth 2), '' without prefetch: short, so that
+        the sweep's policy column stays narrow."""
+        if self.prefetch == "none":
+            return ""
+        return f"pf {self.prefetch}" + (f":{self.prefetch_depth}" if self.prefetch_depth != 1 else "")

@@ -48,7 +48,9 @@ def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: 
                 allocations=[config.allocation], batches=[config.batch], hws=[hw], model=model, quants=[quant],
                 engine=engine,
                 warm=config.warm, warmup_tokens=config.warmup_tokens,
-                reset_per_sequence=config.reset_per_sequence, presets=False, baseline=baseline, **size)
+                reset_per_sequence=config.reset_per_sequence, presets=False, baseline=baseline,
+                prefetches=[config.prefetch], prefetch_depth=config.prefetch_depth,
+                prefetch_train=config.prefetch_train, overlap=config.overlap, **size)
     tasks, costs, cost_info, notes = plan([entry], grid)
     for task in tasks:
         check_stream(task.config, entry, "local", ci)

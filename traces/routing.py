@@ -24,6 +24,8 @@ class Routing:
     - ``sel`` [T, L, k] int16: the selected experts, rank 0 (highest gate weight) first;
     - ``w`` [T, L, k] float32: their gate weights, normalized to sum to 1;
     - ``cand`` [T, L, M] int16: the scored experts, best selection score first;
+    - ``lookahead`` [T, L, k] int16 or None: in row (t, l) the k experts MoE layer l+1's router selects
+      applied to layer l's hidden state (rank order, -1 where unknown, the last layer all -1);
     - per token: ``seq``, ``pos``, ``phase`` (codes into PHASES), ``domain``
       (codes into ``domain_names``, -1 for none), ``token`` (ids or None).
     """
@@ -38,6 +40,7 @@ class Routing:
     sel: np.ndarray
     w: np.ndarray
     cand: np.ndarray
+    lookahead: np.ndarray | None = None
     digest: str = ""
     path: Path | None = None
     _memo: dict = field(default_factory=dict, repr=False)
