@@ -42,9 +42,31 @@ def _mix(x):
 
 
 @njit(cache=True, parallel=True, nogil=True)
+def linked_draws(key, t0, n_layers, pred, link16, out):
+    """Layer coupling: the random bits of tokens t0 .. t0 + c - 1 (out [c, L, E] uint32: the 16 bits of
+    the normal, then the 16 of the Gumbel). With probability link16 / 65536 (the draw's low 16 bits
+    decide) the bits of (t, l, e) are those of (t, l - 1, pred[l, e]), recursively; pred[l] is a
+    permutation, so every layer's draws stay independent normals and Gumbels, as without coupling."""
+    c = out.shape[0]
+    L = n_layers
+    E = out.shape[2]
+    link = np.uint64(link16)
+    for i in prange(c):
+        for l in range(L):
+            ctr = key + np.uint64(((t0 + i) * L + l) * E) * GOLDEN
+            for e in range(E):
+                x = _mix(ctr + np.uint64(e) * GOLDEN)
+                own = np.uint32(((x >> np.uint64(16)) & np.uint64(0xFFFF)) | ((x >> np.uint64(48)) << np.uint64(16)))
+                if l > 0 and (x & np.uint64(0xFFFF)) < link:
+                    own = out[i, l - 1, pred[l, e]]
+                out[i, l, e] = own
+
+
+@njit(cache=True, parallel=True, nogil=True)
 def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset, inv_grid,
-             ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse):
+             ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, draws):
     """Tokens t0 .. t0 + c - 1 (c = len(dom)); z [L, E] is the drift state, carried between calls.
+    ``draws`` [c, L, E] (linked_draws) replaces the per-element random bits when not empty (coupled layers).
 
     Per (token, layer) row (r = i * L + l), ``keys[r, :counts[r]]`` are int32 keys
     ((QMAX - q) << ID_BITS | e, smaller is better) that include the row's ``m`` best; thr [L] is
@@ -55,6 +77,7 @@ def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, 
     E = base.shape[2]
     full = qfull.shape[0] > 0
     want_lse = lse.shape[0] > 0
+    linked = draws.shape[0] > 0
     target = (m + width) // 2
     for l in prange(L):
         q = np.empty(E, np.int32)
@@ -66,17 +89,30 @@ def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, 
             a = drift if newseq[i] else rho  # a new sequence starts from the drift's stationary law
             b = drift if newseq[i] else innov
             keep = np.float32(0.0) if newseq[i] else np.float32(1.0)
-            for e in range(E):  # no branches: vectorizes
-                x = _mix(ctr + np.uint64(e) * GOLDEN)
-                nrm = ntab[(x >> np.uint64(16)) & np.uint64(0xFFFF)]
-                g = gtab[x >> np.uint64(48)]
-                zz = keep * a * z[l, e] + b * nrm
-                z[l, e] = zz
-                s = (base[d, l, e] + zz + noise * g) * inv_temp + offset
-                qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
-                qi = np.int32(qq)
-                q[e] = qi
-                kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
+            if linked:
+                for e in range(E):  # no branches: vectorizes
+                    v = draws[i, l, e]
+                    nrm = ntab[v & np.uint32(0xFFFF)]
+                    g = gtab[v >> np.uint32(16)]
+                    zz = keep * a * z[l, e] + b * nrm
+                    z[l, e] = zz
+                    s = (base[d, l, e] + zz + noise * g) * inv_temp + offset
+                    qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
+                    qi = np.int32(qq)
+                    q[e] = qi
+                    kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
+            else:
+                for e in range(E):  # no branches: vectorizes
+                    x = _mix(ctr + np.uint64(e) * GOLDEN)
+                    nrm = ntab[(x >> np.uint64(16)) & np.uint64(0xFFFF)]
+                    g = gtab[x >> np.uint64(48)]
+                    zz = keep * a * z[l, e] + b * nrm
+                    z[l, e] = zz
+                    s = (base[d, l, e] + zz + noise * g) * inv_temp + offset
+                    qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
+                    qi = np.int32(qq)
+                    q[e] = qi
+                    kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
             th = thr[l]
             n_in = 0
             for e in range(E):  # the keys under the layer's threshold, branch-free

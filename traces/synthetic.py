@@ -28,6 +28,7 @@ GENERATOR_VERSION = 2
 GENERATORS = (1, 2)  # 1: the original numpy generator, kept to rebuild traces it made
 CHUNK_TOKENS = 64  # generator 1: tokens per block; fixed, so the random stream never depends on memory
 CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per kernel call (any size: same trace)
+LINKED_DRAWS = 8 << 20  # generator 2 with layer coupling: at most this many linked draws per call (4 bytes each)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -213,6 +214,8 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     tokens, seqs, seed, prefill = int(tokens), int(seqs), int(seed), int(prefill)
     model = load_model(preset)
     kn = knobs if knobs is not None else PRESETS[preset]
+    if generator == 1 and kn.couple:
+        kn = kn.replace(couple=0.0)  # generator 1 predates layer coupling (its traces have none)
     L, E, k = len(model.moe_layers), model.n_experts, model.top_k
     M = min(E, kn.candidates) if candidates is None else int(candidates)
     M = max(M, k) if candidates is None else M
@@ -252,7 +255,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     layers = np.asarray(model.moe_layers, dtype=np.int16)
     phase_codes = np.where(pos < prefill, 0, 1).astype(np.int8)  # codes into PHASES
     chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked) if generator == 1 \
-        else _ahead(_chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
+        else _ahead(_chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights))
     with TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
                      weights=sigmoid, compression_level=3 if ranked else 9) as writer:
         for rows, ids, top_q, q_full, lse in chunks:
@@ -287,7 +290,8 @@ def _chunks_v1(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
         yield rows, ids, top_q, q if full else None, log_sum_exp(q * kn.grid) if lse else None
 
 
-def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool):
+def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool,
+               weights: np.ndarray):
     """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
     jitted and parallel over layers; same yields as _chunks_v1."""
     from moesim.jitcache import jitted
@@ -308,9 +312,15 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
     z = np.zeros((L, E), dtype=np.float32)
     width = min(E + 1, M + 24)
     thr = np.full(L, np.iinfo(np.int32).max, dtype=np.int32)
+    pred, link16 = coupling_links(base, weights, kn.couple)
     chunk = max(1, CHUNK_ROWS_2 // L)
+    if link16:
+        chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))  # the linked draws [c, L, E] stay ~32 MB
     for start in range(0, T, chunk):
         c = min(chunk, T - start)
+        draws = np.empty((c, L, E) if link16 else (0, 0, 0), dtype=np.uint32)
+        if link16:
+            kern.linked_draws(key, start, L, pred, link16, draws)
         keys = np.empty((c * L, width), dtype=np.int32)
         counts = np.empty(c * L, dtype=np.int32)
         q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
@@ -318,10 +328,31 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
         f32 = np.float32
         kern.generate(key, start, L, base, dom[start:start + c].astype(np.int64), newseq[start:start + c], z,
                       f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
-                      f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out)
+                      f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out,
+                      draws)
         keys.sort(axis=1)  # numpy's vectorized sort of the ~M + 12 candidates per row
         ids, top_q = kern.unpack_keys(keys, M)
         yield slice(start, start + c), ids, top_q, q_full if full else None, lse_out if lse else None
+
+
+def coupling_links(base: np.ndarray, weights: np.ndarray, couple: float) -> tuple[np.ndarray, int]:
+    """(pred [L, E] int32, link threshold in 1/65536): expert e at layer l >= 1 is the successor of
+    expert pred[l, e] at layer l-1 and takes its random draws with probability ``couple``. Successor and
+    predecessor have the same rank in their layers' popularity (base [D, L, E] averaged over the domains by
+    their weights), so a successor is about as popular as its predecessor; every layer keeps its own
+    popularity."""
+    if not 0.0 <= couple <= 1.0:
+        raise MoesimError(f"couple must be a probability in [0, 1], got {couple}")
+    _, L, E = base.shape
+    link16 = int(round(couple * 65536))
+    pred = np.zeros((L, E), dtype=np.int32)
+    if link16 == 0:
+        return pred, 0
+    pop = np.tensordot(weights / weights.sum(), base.astype(np.float64), axes=1)  # [L, E]
+    order = np.argsort(-pop, axis=1, kind="stable")
+    for lay in range(1, L):
+        pred[lay, order[lay]] = order[lay - 1]
+    return pred, link16
 
 
 def _ahead(chunks, depth: int = 2):
