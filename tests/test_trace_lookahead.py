@@ -124,13 +124,6 @@ def _no_residual_identical_gates(model, torch):
             mod.load_state_dict(state)
             for name, buf in first.named_buffers():
                 getattr(mod, name).copy_(buf)
-        parents = dict(model.named_modules())
-        for name, mod in model.named_modules():
-            if name.rpartition(".")[2] == "e_score_correction_bias":
-                continue
-            b = getattr(mod, "e_score_correction_bias", None)
-            if b is not None and name.endswith(("mlp", "block_sparse_moe")):
-                b.copy_(getattr(parents[name], "e_score_correction_bias"))
 
     def zero(module, args, out):
         if isinstance(out, tuple):

@@ -52,14 +52,47 @@ def linked_draws(key, t0, n_layers, pred, link16, out):
     E = out.shape[2]
     link = np.uint64(link16)
     for i in prange(c):
+        linked = np.empty(E, np.bool_)
         for l in range(L):
             ctr = key + np.uint64(((t0 + i) * L + l) * E) * GOLDEN
-            for e in range(E):
+            for e in range(E):  # no branches: vectorizes
                 x = _mix(ctr + np.uint64(e) * GOLDEN)
-                own = np.uint32(((x >> np.uint64(16)) & np.uint64(0xFFFF)) | ((x >> np.uint64(48)) << np.uint64(16)))
-                if l > 0 and (x & np.uint64(0xFFFF)) < link:
-                    own = out[i, l - 1, pred[l, e]]
-                out[i, l, e] = own
+                lo, hi = (x >> np.uint64(16)) & np.uint64(0xFFFF), x >> np.uint64(48)
+                out[i, l, e] = np.uint32(lo | (hi << np.uint64(16)))
+                linked[e] = (x & np.uint64(0xFFFF)) < link
+            if l > 0:  # layer 0 has no predecessor
+                for e in range(E):
+                    if linked[e]:
+                        out[i, l, e] = out[i, l - 1, pred[l, e]]
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def lookahead_rows(ids, q, k, n_layers, t0, key, noise_q, gtab, out):
+    """The synthetic lookahead column of token-major rows [c * L] starting at token t0 (out [c * L, k]):
+    per row the k best of the next layer's candidates ``ids`` after adding Gumbel noise (``noise_q``
+    times a standard Gumbel, in the integer logit units of ``q``) to their logits, in rank order (equal
+    scores: lower rank first); -1 on the last layer. The noise of (row r, candidate j) is a counter-based
+    draw, independent of chunking."""
+    n, M = ids.shape
+    L = n_layers
+    for r in prange(n):
+        if r % L == L - 1:
+            for j in range(k):
+                out[r, j] = -1
+            continue
+        src = r + 1
+        ctr = key + np.uint64((t0 * L + src) * M) * GOLDEN
+        sc = np.empty(M, np.float32)
+        for j in range(M):
+            x = _mix(ctr + np.uint64(j) * GOLDEN)
+            sc[j] = np.float32(q[src, j]) + noise_q * gtab[x >> np.uint64(48)]
+        for j in range(k):
+            b = 0
+            for jj in range(1, M):
+                if sc[jj] > sc[b]:
+                    b = jj
+            out[r, j] = ids[src, b]
+            sc[b] = -np.inf
 
 
 @njit(cache=True, parallel=True, nogil=True)

@@ -38,6 +38,8 @@ class RoutingKnobs:
     # layer coupling: probability that an expert's random draws at layer l+1 (drift innovation and noise)
     # are its predecessor's at layer l, this token (generator 2 only; 0: layers independent)
     couple: float = 0.0
+    # --lookahead: Gumbel noise (logit units) on the next layer's candidates before taking their top-k
+    lookahead_noise: float = 0.25
     default_domains: tuple[str, ...] = ("code", "prose", "math", "medical")
 
     def domain(self, name: str) -> DomainKnobs:

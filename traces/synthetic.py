@@ -28,7 +28,7 @@ GENERATOR_VERSION = 2
 GENERATORS = (1, 2)  # 1: the original numpy generator, kept to rebuild traces it made
 CHUNK_TOKENS = 64  # generator 1: tokens per block; fixed, so the random stream never depends on memory
 CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per kernel call (any size: same trace)
-LINKED_DRAWS = 8 << 20  # generator 2 with layer coupling: at most this many linked draws per call (4 bytes each)
+LINKED_DRAWS = 2 << 20  # generator 2 with layer coupling: at most this many linked draws per call (4 bytes each: 8 MB)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -170,7 +170,7 @@ def log_sum_exp(x: np.ndarray) -> np.ndarray:
 
 
 def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0, layout="ranked",
-                 generator=GENERATOR_VERSION) -> str:
+                 generator=GENERATOR_VERSION, lookahead=False) -> str:
     parts = ["moesim synth", f"--preset {preset}", f"--tokens {tokens}", f"--seqs {seqs}", f"--seed {seed}"]
     if domains is not None:
         parts.append(f"--domains {','.join(domains) if domains else 'none'}")
@@ -182,6 +182,8 @@ def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, pre
         parts.append(f"--layout {layout}")
     if generator != GENERATOR_VERSION:
         parts.append(f"--generator {generator}")
+    if lookahead:
+        parts.append("--lookahead")
     parts.append(f"-o {path}")
     return " ".join(parts)
 
@@ -192,7 +194,7 @@ LAYOUTS = ("ranked", "sparse")
 def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: list[str] | None = None,
                path: str | os.PathLike = "synthetic.parquet", *, candidates: int | None = None, prefill: int = 0,
                knobs: RoutingKnobs | None = None, command: str | None = None, layout: str = "ranked",
-               generator: int = GENERATOR_VERSION) -> Path:
+               generator: int = GENERATOR_VERSION, lookahead: bool = False) -> Path:
     """Write a synthetic trace and return its path: the compact ``ranked`` layout (the default:
     ranked candidates and the gate logits as gaps on the knobs' grid) or the ``sparse`` layout
     (every candidate's logit and the log-sum-exp over all E; same routing, same replays).
@@ -202,7 +204,8 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     positions of every sequence are marked phase 'prefill', the rest 'decode'.
     ``knobs`` overrides the preset's routing knobs (calibration experiments). ``generator`` 1 is the
     original numpy implementation (same model, other random numbers, ~10x slower), kept so that
-    traces it wrote can be rebuilt byte for byte."""
+    traces it wrote can be rebuilt byte for byte. ``lookahead``: also write the lookahead column, a noisy
+    copy of the next layer's selection (knob ``lookahead_noise``)."""
     from moesim import __version__
     from moesim.costmodel.models import load_model
 
@@ -246,7 +249,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
             "preset": preset, "tokens": tokens, "seqs": seqs, "seed": seed,
             "domains": use_domains, "prefill": prefill, "candidates": M,
             "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill,
-                                               layout, generator),
+                                               layout, generator, lookahead),
             "generator": generator, "knobs": kn.to_dict(),
             "note": "synthetic routing from a generative model calibrated to published statistics; "
                     "not recorded from the model",
@@ -256,11 +259,15 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     phase_codes = np.where(pos < prefill, 0, 1).astype(np.int8)  # codes into PHASES
     chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked) if generator == 1 \
         else _ahead(_chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights))
+    look_key = np.uint64(_rng(seed, "lookahead").integers(0, 2**63))
     with TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
-                     weights=sigmoid, compression_level=3 if ranked else 9) as writer:
+                     weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
         for rows, ids, top_q, q_full, lse in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
+            if lookahead:
+                extra["lookahead"] = lookahead_ids(ids, top_q, k, L, rows.start, look_key, kn.lookahead_noise,
+                                                   kn.grid)
             if sigmoid:
                 x = q_full.astype(np.float64) * kn.grid
                 sel, w = _sigmoid_route(x, k, model.n_group, model.topk_group, model.routed_scaling_factor)
@@ -315,7 +322,7 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
     pred, link16 = coupling_links(base, weights, kn.couple)
     chunk = max(1, CHUNK_ROWS_2 // L)
     if link16:
-        chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))  # the linked draws [c, L, E] stay ~32 MB
+        chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))  # the linked draws [c, L, E] stay in the CPU cache
     for start in range(0, T, chunk):
         c = min(chunk, T - start)
         draws = np.empty((c, L, E) if link16 else (0, 0, 0), dtype=np.uint32)
@@ -333,6 +340,19 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
         keys.sort(axis=1)  # numpy's vectorized sort of the ~M + 12 candidates per row
         ids, top_q = kern.unpack_keys(keys, M)
         yield slice(start, start + c), ids, top_q, q_full if full else None, lse_out if lse else None
+
+
+def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, key, noise: float,
+                  grid: float) -> np.ndarray:
+    """The synthetic lookahead column of the token-major rows [c * L] that start at token t0: per row the
+    k best of the next layer's M candidates after adding Gumbel(0, ``noise``) noise to their logits
+    (traces/synth_kernel.py lookahead_rows), -1 on the last layer."""
+    from moesim.jitcache import jitted
+
+    out = np.empty((ids.shape[0], k), dtype=np.int16)
+    jitted("moesim.traces.synth_kernel").lookahead_rows(
+        ids, top_q, k, L, t0, np.uint64(key), np.float32(noise / grid), _quantile_tables()[1], out)
+    return out
 
 
 def coupling_links(base: np.ndarray, weights: np.ndarray, couple: float) -> tuple[np.ndarray, int]:
