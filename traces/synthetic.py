@@ -265,13 +265,13 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
         for rows, ids, top_q, q_full, lse in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
-            if lookahead:
-                extra["lookahead"] = lookahead_ids(ids, top_q, k, L, rows.start, look_key, kn.lookahead_noise,
-                                                   kn.grid)
             if sigmoid:
                 x = q_full.astype(np.float64) * kn.grid
                 sel, w = _sigmoid_route(x, k, model.n_group, model.topk_group, model.routed_scaling_factor)
                 extra = {"selected": sel, "weights": w}
+            if lookahead:
+                extra["lookahead"] = lookahead_ids(ids, top_q, k, L, rows.start, look_key, kn.lookahead_noise,
+                                                   kn.grid)
             if with_column:
                 extra["domain"] = np.repeat(dom[rows], L)
             if ranked:
