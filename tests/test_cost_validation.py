@@ -75,3 +75,15 @@ def test_cpu_only_machine_needs_no_vram_flags():
     d = estimate("qwen3-30b-a3b", "q8_0", "dual-xeon-6138", engine="llama.cpp")
     assert d["reads_fraction"]["vram"] == 0 and d["miss"] == "cpu" and d["dense_placement"] == "ram"
     assert d["bytes_per_token"]["link"] == 0
+
+
+def test_study_ratio_table_is_current():
+    from moesim.sweeps import study_ratios
+
+    text = DOC.read_text()
+    got = text.split(study_ratios.BEGIN, 1)[1].split(study_ratios.END, 1)[0].strip()
+    rs = study_ratios.rows()
+    assert got == study_ratios.table(rs).strip(), \
+        "regenerate: python -m moesim.sweeps.study_ratios --write docs/costmodel.md"
+    # QF and SF beat fetch-all in every configuration, SF (fewer fetches) ahead of QF
+    assert all(r["quality-first"] < r["fetch-all"] and r["speed-first"] < r["quality-first"] for r in rs)
