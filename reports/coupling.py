@@ -121,7 +121,7 @@ def layer_coupling(r: Routing, train_tokens: int | None = None, predict: int | N
         mass["chance"][lay] = min(n, E) / E
     out_layers = []
     for lay in range(L - 1):
-        row = {"layer": moe_layers[lay], "next": moe_layers[lay + 1]}
+        row: dict[str, float | int | None] = {"layer": moe_layers[lay], "next": moe_layers[lay + 1]}
         for p in names:
             row[p] = _ratio(hit[p][lay], steps[p][lay] * k)
         out_layers.append(row)

@@ -176,9 +176,9 @@ def read_lookahead(tf: TraceFile, target: np.ndarray, row_groups: list[int] | No
         ids = flat.to_numpy(zero_copy_only=False).astype(np.int64).reshape(-1, k)
         _check_ids(ids, E, "lookahead", tf.path)
         out[target[start:start + n][valid]] = ids
-    out = out.reshape(T, L, k)
-    out[:, L - 1] = -1
-    return out
+    look = out.reshape(T, L, k)
+    look[:, L - 1] = -1
+    return look
 
 
 def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):

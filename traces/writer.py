@@ -224,7 +224,7 @@ class TraceWriter:
         k = self.meta.top_k
         if a.ndim != 2 or a.shape != (n, k) or (a.size and a.dtype.kind not in "iu"):
             raise MoesimError(f"lookahead must be integer expert ids, k={k} per row, got an array of shape {a.shape}")
-        unknown = (a < 0).all(axis=1)
+        unknown = np.asarray((a < 0).all(axis=1), dtype=bool)
         if ((a < 0) & ~unknown[:, None]).any() or (a.size and a.max() >= self.meta.n_experts):
             raise MoesimError(f"lookahead holds expert ids outside 0..{self.meta.n_experts - 1} "
                               "(a row of -1 means unknown)")
