@@ -179,3 +179,20 @@ def test_lookahead_refused_for_minimax(tmp_path):
     (tmp_path / "t.txt").write_text("hello")
     with pytest.raises(MoesimError, match="--lookahead is not supported for minimax_m2"):
         trace_hf(d, [str(tmp_path / "t.txt")], tmp_path / "o.parquet", lookahead=True)
+
+
+def test_cli_trace_hf_lookahead(tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from moesim.cli import cli
+
+    model_dir, _, _ = tiny.build("qwen3_moe", tmp_path / "model")
+    (tmp_path / "t.txt").write_text(tiny.PROSE)
+    out = tmp_path / "t.parquet"
+    res = CliRunner().invoke(cli, ["trace", "hf", str(model_dir), "--text", str(tmp_path / "t.txt"), "--seq-len", "32",
+                                   "--max-tokens", "64", "--lookahead", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    r = load_routing(out)
+    assert r.lookahead is not None and (r.lookahead[:, -1] == -1).all() and (r.lookahead[:, :-1] >= 0).all()
+    res = CliRunner().invoke(cli, ["coupling", str(out), "--format", "json"])
+    assert res.exit_code == 0 and "lookahead" in json.loads(res.output)["predictors"]
