@@ -9,6 +9,10 @@ functions at the 65,536 bucket centres u = (i + 0.5) / 65536: a table lookup the
 vectorize. The discrete draws match the continuous ones to ~1e-4 in the bulk (the logits' grid is
 1/32); the extreme buckets stand for the tails, so a normal is within +-4.33 and a Gumbel below
 11.79 (each bound passed with probability 7.6e-6 by the continuous law).
+
+Layer coupling (knob ``couple``): ``linked_draws`` first resolves, per (token, layer, expert), whose
+random bits the element uses (its own, or, with probability ``couple``, those its predecessor at the
+previous layer uses), a chunk of tokens at a time in parallel over tokens; ``generate`` then reads them.
 """
 
 import math

@@ -2,7 +2,8 @@
 
 Per (layer, domain) a fixed popularity score for each expert; per sequence a sticky
 state (an AR(1) drift of every expert's score) that makes experts persist across tokens;
-per token independent Gumbel noise. The router's logits are that score over a temperature,
+per token independent Gumbel noise, shared with probability ``couple`` between an expert and its
+successor at the next layer (layer coupling). The router's logits are that score over a temperature,
 quantized to a coarse grid; the trace stores the best M of them plus the exact
 log-sum-exp over all E, computed from the same full logits.
 """
