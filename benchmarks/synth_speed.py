@@ -4,6 +4,9 @@ candidates); tokens/s by wall clock and per CPU-second, and bytes per token.
 
     python benchmarks/synth_speed.py [--tokens 20000] [--old-tokens 2000] [--preset qwen3-235b-a22b]
 
+Also generator 2 without layer coupling (knob couple = 0: the generator before coupling, same bytes) and
+with the lookahead column, so the cost of each is measured in the same process.
+
 Generator 1 runs on fewer tokens (it is slow); its rate does not depend on the length. The machine is
 shared: wall-clock rates fall when other jobs run, CPU-time rates much less.
 """
@@ -16,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from moesim.traces.synth_presets import PRESETS
 from moesim.traces.synthetic import synthesize
 
 
@@ -39,7 +43,11 @@ def measure(args, tmp: Path) -> None:
     synthesize(args.preset, 50, path=tmp / "warm.parquet")  # compile (or load) the kernels first
     print(f"{args.preset}, {os.cpu_count()} cores")
     rows = []
+    uncoupled = PRESETS[args.preset].replace(couple=0.0)
+    synthesize(args.preset, 50, path=tmp / "warm.parquet", knobs=uncoupled, lookahead=True)
     for label, tokens, kw in (("generator 2, ranked (default)", args.tokens, {}),
+                              ("generator 2, ranked, uncoupled", args.tokens, {"knobs": uncoupled}),
+                              ("generator 2, ranked, --lookahead", args.tokens, {"lookahead": True}),
                               ("generator 2, sparse", args.tokens, {"layout": "sparse"}),
                               ("generator 1, ranked", args.old_tokens, {"generator": 1}),
                               ("generator 1, sparse (before #17)", args.old_tokens,
@@ -48,7 +56,9 @@ def measure(args, tmp: Path) -> None:
         rows.append((label, tokens, tokens / wall, tokens / cpu, size / tokens))
         print(f"{label:34s} {tokens:6d} tokens: {tokens / wall:8,.0f} tokens/s wall, "
               f"{tokens / cpu:8,.0f} tokens per CPU-second, {size / tokens:6,.0f} B/token", flush=True)
-    new, old = rows[0], rows[3]
+    new, old = rows[0], rows[5]
+    print(f"coupled / uncoupled: {rows[0][2] / rows[1][2]:.2f}x wall, {rows[0][3] / rows[1][3]:.2f}x CPU; "
+          f"--lookahead / default: {rows[2][3] / rows[0][3]:.2f}x CPU")
     print(f"speed-up of the default over the old command: {new[2] / old[2]:.1f}x wall, {new[3] / old[3]:.1f}x CPU; "
           f"bytes {new[4] / old[4]:.2f}x")
 

@@ -4,8 +4,8 @@ A profile fixes the step semantics and traffic the pure bandwidth model leaves o
 runs (``miss``), whether VRAM holds whole layers or single experts (``placement``), fixed costs per layer on the
 GPU and CPU, the hand-off of a CPU-resident MoE layer, how much of a second socket's memory the engine uses,
 how it reads NVMe (request size and queue depth: mmap faults vs whole-expert reads) and whether it writes
-evicted experts back. ``ideal`` is the pure bandwidth model. Fields that a later issue adds (copy/compute
-overlap, step pinning) go in the same files.
+evicted experts back, and how the replay's clock overlaps copies with compute (``overlap``, docs/replay-semantics.md).
+``ideal`` is the pure bandwidth model. Fields that a later issue adds (step pinning) go in the same files.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ DEFAULT_ENGINE = "ideal"
 MISSES = ("any", "cpu", "fetch")
 PLACEMENTS = ("experts", "layers")
 COPIES = ("hw", "pinned", "pageable")
+OVERLAPS = ("none", "layer", "cross-layer")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class EngineProfile:
     nvme_queue_depth: int = 0      # requests in flight for those reads (0: not limited)
     writeback: bool = False        # each eviction copies the evicted expert back to host memory
     copy: str = "hw"               # hw | pinned | pageable: host-to-GPU copies (hw: the machine file's use_pinned)
+    overlap: str = "none"          # none | layer | cross-layer: copy/compute overlap of the replay's clock
     sources: dict = field(default_factory=dict, compare=False)
     path: str = ""
 
@@ -83,7 +85,7 @@ def _parse(doc: dict, path: Path) -> EngineProfile:
         bad(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})")
     if not isinstance(doc.get("name"), str) or not doc["name"]:
         bad("name must be a non-empty string")
-    for key, allowed in (("miss", MISSES), ("placement", PLACEMENTS), ("copy", COPIES)):
+    for key, allowed in (("miss", MISSES), ("placement", PLACEMENTS), ("copy", COPIES), ("overlap", OVERLAPS)):
         if key in doc and doc[key] not in allowed:
             bad(f"{key} must be one of {', '.join(allowed)} (got {doc[key]!r:.80})")
     for key in ("gpu_layer_us", "cpu_layer_us", "cpu_stream_fraction", "numa_gain", "nvme_read_kib",

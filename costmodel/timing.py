@@ -89,6 +89,7 @@ class CostParams:
     nvme_read_bandwidth: float = 0.0  # bytes/s of expert reads from NVMe (this engine's request size)
     placement: str = "experts"  # experts | layers (what VRAM holds under this engine)
     has_gpu: bool = True
+    overlap: str = "none"  # the engine's copy/compute overlap (the replay clock's default --overlap)
     # lowbit:Q (a miss fetches a Q-quantized copy): bytes per expert at each quantization the model preset knows, and
     # the fixed parts of a copy (link + host RAM latency) and of a run from VRAM
     expert_bytes_by_quant: dict = field(default_factory=dict)
@@ -274,7 +275,7 @@ def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = 
         ram_expert_slots=int(ram_slots), unified=unified, flops_per_token=flops_per_token,
         attn_flops_per_ctx_token=_attn_flops_per_ctx_token(m), gpu_flops=h.gpu_flops, link_bandwidth=link_bw,
         nvme_bandwidth=nvme_bw, ram_expert_capacity=min(total_experts, max(0, int(ram_left // bpe))),
-        engine=e.name, s_cpu_handoff=s_handoff, s_writeback=s_writeback, s_gpu_layer=s_gpu_layer,
+        engine=e.name, overlap=e.overlap, s_cpu_handoff=s_handoff, s_writeback=s_writeback, s_gpu_layer=s_gpu_layer,
         s_cpu_layer=s_cpu_layer, cpu_bandwidth=cpu_bw, nvme_read_bandwidth=nvme_read_bw, placement=e.placement,
         has_gpu=h.has_gpu, expert_bytes_by_quant={q: m.bytes_per_expert(q) for q in m.quant_names()},
         s_link_latency=h.link.latency + h.ram.latency, s_vram_latency=h.vram.latency, vram_bandwidth=vram_bw,

@@ -47,6 +47,9 @@ def check_config(config: SimConfig) -> None:
     if config.lowbit_share is not None:
         raise MoesimError("the emulator replays each layer unpriced, and --lowbit-share sizes its tier by bytes per "
                           "expert: emulate lowbit:Q without a tier")
+    if config.prefetch != "none":
+        raise MoesimError("the emulator replays one layer at a time; a prefetch fills a layer's cache from "
+                          "another layer's step, so emulate without --prefetch")
     if config.batch != 1:
         raise MoesimError("the emulator runs one sequence at a time (batch 1); batched decoding is a time-model "
                           "question, not a quality one")

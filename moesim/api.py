@@ -49,7 +49,9 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
           output: str | os.PathLike | None = None, jobs: int | None = None, executor: str = "local",
           top: int | None = None, layers: bool = False, presets: bool = True, baseline: str | None = None,
           rank_by: str = "class", max_mass: float | None = None, ci=None, ci_resamples: int | None = None,
-          ci_unit: str = "auto", ci_method: str = "rotated", stream: bool | None = None):
+          ci_unit: str = "auto", ci_method: str = "rotated", stream: bool | None = None, prefetches=None,
+          prefetch_depth: int | None = None, prefetch_train: str | None = None, overlap: str | None = None,
+          engine: str | None = None):
     """Rank a grid of policies on one trace (path or Routing) or a list of them, like ``moesim sweep``.
 
     Axes take a value or a list (budgets also a range "0.05:0.5:0.05" or {"start", "stop", "step"});
@@ -65,7 +67,11 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
     ``ci=95`` adds 95% confidence intervals: ``<statistic>_low``/``_high`` columns, ``overlaps_best`` and the
     ci_* settings (docs/uncertainty.md); ``ci_resamples`` (default 1000), ``ci_unit`` (auto, sequence,
     block) and ``ci_method`` (rotated, single) as --ci-resamples, --ci-unit and --ci-method. ``stream``: replay a
-    chunk of tokens at a time (None: traces too large to decode whole; docs/sweep.md)."""
+    chunk of tokens at a time (None: traces too large to decode whole; docs/sweep.md). ``prefetches`` (a prefetch
+    policy or a list: none, prev-token, next-layer, lookahead, oracle) is an axis (None: no prefetch plus the
+    default grid's three prefetch variants), ``prefetch_depth``/``prefetch_train`` as --prefetch-depth and
+    --prefetch-train; ``overlap`` (none, layer, cross-layer; None: the engine profile's) and ``engine`` price
+    the clock (docs/replay-semantics.md)."""
     import polars as pl
 
     from moesim.sweeps.grid import grid_from_options
@@ -74,8 +80,10 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
     grid = grid_from_options(config, budgets=budgets, slots=slots, evictions=evictions, misses=misses,
                              thetas=thetas, admits=admits, allocations=allocations, batches=batches, warm=warm,
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=hw,
-                             model=model, quants=quant, presets=presets, baseline=baseline, step_pin=step_pin,
-                             max_uploads=max_uploads, lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)
+                             model=model, quants=quant, presets=presets, baseline=baseline, prefetches=prefetches,
+                             prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
+                             engine=engine, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
+                             lowbit_quant=lowbit_quant)
     out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor, rank_by=rank_by,
                     ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     from moesim.sweeps.ranking import select_rows
@@ -93,10 +101,12 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
              lowbit_quant: str | None = None, hw: str | None = None, model: str | None = None,
              quant: str | None = None, layers: bool = False,
              baseline: str = "fetch-all", ci=None, ci_resamples: int | None = None, ci_unit: str = "auto",
-             ci_method: str = "rotated", stream: bool | None = None):
+             ci_method: str = "rotated", stream: bool | None = None, prefetch: str = "none", prefetch_depth: int = 1,
+             prefetch_train: str | None = None, overlap: str | None = None, engine: str | None = None):
     """Replay one policy, like ``moesim simulate``: a one-row DataFrame with the sweep's columns
     (the speed-up over ``baseline`` included when the trace is priced). ``layers=True`` returns (row,
     per-layer rows). ``ci=95`` fills the interval columns, as in ``sweep``; ``stream`` too.
+    ``prefetch``, ``prefetch_depth``, ``prefetch_train``, ``overlap`` and ``engine`` as the CLI's options.
     The raw replay (counters per layer and per token) is ``moesim.simulator.simulate``."""
     from moesim.simulator.config import SimConfig
     from moesim.sweeps.single import simulate_one
@@ -105,8 +115,9 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
         raise MoesimError("give budget= (fraction of experts) or slots= (per layer)")
     config = SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
+                       prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
                        step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)
-    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, baseline=baseline,
+    one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
                        ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     return (one.row, one.layers) if layers else one.row
 

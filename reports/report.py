@@ -332,7 +332,8 @@ def _make_figures_and_tables(sweep, routing, budgets, synthetic, notes, say, ci=
             curve, source = hit_rate_curve(routing, budgets, ci)
         else:
             curve = rows.filter((pl.col("miss") == "fetch-all") & pl.col("admit").is_null() & (pl.col("batch") == 1)
-                                & pl.col("budget").is_not_null() & (pl.col("allocation") == "per-layer")) \
+                                & pl.col("budget").is_not_null() & (pl.col("allocation") == "per-layer")
+                                & (pl.col("prefetch").fill_null("none") == "none")) \
                 .select("eviction", "size", "hit_rate", "hit_rate_low", "hit_rate_high") \
                 .unique(["eviction", "size"]).sort("eviction", "size")
             source = "the sweep's fetch-all rows"
@@ -387,6 +388,7 @@ def _baselines(sweep, routing, budgets, ci=None, intervals: dict | None = None):
             r = sweep.rows.filter((pl.col("budget") == b) & (pl.col("miss") == "fetch-all") & pl.col("admit").is_null()
                                   & (pl.col("batch") == 1) & (pl.col("allocation") == "per-layer")
                                   & ~pl.col("warm") & (pl.col("warmup_tokens") == 0)
+                                  & (pl.col("prefetch").fill_null("none") == "none")
                                   & pl.col("eviction").is_in(list(BASELINE_EVICTIONS)))
             got = dict(zip(r["eviction"].to_list(), r["hit_rate"].to_list()))
             bounds = {e: (lo, hi) for e, lo, hi in r.select("eviction", "hit_rate_low", "hit_rate_high").rows()

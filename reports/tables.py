@@ -358,6 +358,20 @@ def vs_best(df) -> dict[str, str]:
     return out
 
 
+def lower_bound(members: list[dict]) -> dict | None:
+    """The group's belady + fetch-all + oracle prefetch row (depth 1 first), reported as the lower bound on
+    time per token; None when the group has none or is not priced."""
+    from moesim.sweeps.grid import LOWER_BOUND
+
+    ev, miss, pf = LOWER_BOUND
+    found = [r for r in members if r["eviction"] == ev and r["miss"] == miss and r.get("prefetch") == pf
+             and r.get("ms_per_token") is not None and r.get("admit") is None]
+    if not found:
+        return None
+    r = min(found, key=lambda r: (r.get("prefetch_depth") or 1, r["ms_per_token"]))
+    return {"policy": r["policy"], "ms_per_token": r["ms_per_token"], "group_key": r["group_key"]}
+
+
 def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict | None = None,
                  best: dict[str, str] | None = None) -> list[Table]:
     """One ranked table per group (trace, machine, cache size, allocation, batch...), in frame order.
@@ -391,6 +405,11 @@ def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict |
             note += f" Top {len(shown)} of {len(members)} configs."
         if "dppl_shown" in members[0]:
             note += " " + quality_note(members)
+        bound = lower_bound(members)
+        if bound is not None:
+            note += (f" Lower bound on time per token of a policy that runs every selected expert on the GPU: "
+                     f"{bound['ms_per_token']:.2f} ms ({bound['policy']}: the offline eviction with a perfect "
+                     "prefetcher).")
         lines = pricing_lines(members) + ([interval_line] if interval_line else [])
         tables.append(Table(group_title(members[0]), cols, cells(shown, cols), note, lines))
     return tables

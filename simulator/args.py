@@ -10,6 +10,7 @@ import numpy as np
 
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
+from moesim.policies import prefetch as prefetch_mod
 from moesim.policies import registry
 from moesim.policies.static import most_requested
 from moesim.policies.structures import N_FO, N_OB, new_pools
@@ -33,6 +34,7 @@ from moesim.simulator.kernel import (
     S_LOWBIT_VRAM,
     S_WRITEBACK,
 )
+from moesim.simulator.prefetch import N_PF_SCAL
 from moesim.traces.routing import Routing
 
 
@@ -47,6 +49,8 @@ class Steps(NamedTuple):
     first_req: np.ndarray  # [L * E] int64: each expert's first request tick
     tok_seq: np.ndarray    # [T] int32: sequence of each step
     t0: int                # the index of the first of these steps in the whole replay (chunks of a stream)
+    look: np.ndarray       # [T, L, k] int16: the lookahead column (Routing.lookahead) for --prefetch lookahead,
+                           # else empty
 
 
 class Policy(NamedTuple):
@@ -57,6 +61,9 @@ class Policy(NamedTuple):
     beta: float            # background admission threshold (0: none)
     warmup_tokens: int     # steps replayed but not counted in layer_counts
     reset_per_seq: bool    # empty the cache at each new sequence
+    overlap: int           # policies.prefetch.OVERLAP_*: the clock's copy/compute overlap
+    prefetch: int          # policies.prefetch code (NONE: no prefetch)
+    pf_depth: int          # prefetch for the layer this many ahead (same token)
     step_pin: bool         # --step-pin: hits first, the step's experts not evicted by its misses, fetches together
     max_uploads: int       # at most this many fetched experts admitted per layer per step (0: no cap)
 
@@ -64,10 +71,12 @@ class Policy(NamedTuple):
 class Setup(NamedTuple):
     pool_of_layer: np.ndarray  # [L] int64: the VRAM pool of each layer
     pinned: np.ndarray         # [L * E] bool: resident from the start, never evicted
-    lowbit_res: np.ndarray     # [L * E] bool: a low-bit copy is resident in VRAM (--lowbit-share)
     warm_objs: np.ndarray      # int64: inserted at each reset, least popular first
     ram_warm: np.ndarray       # int64: the host-RAM tier's initial content, least recently used first
     cost: np.ndarray           # [N_COSTS] float64: seconds per operation (kernel.COST_NAMES); zeros: no clock
+    pf_succ: np.ndarray        # [L, E, S] int16: next-layer prefetch successors (policies/prefetch.py), or empty
+    pf_cnt: np.ndarray         # [L, E, S] int64: their counts
+    lowbit_res: np.ndarray     # [L * E] bool: a low-bit copy is resident in VRAM (--lowbit-share)
 
 
 class State(NamedTuple):
@@ -80,6 +89,12 @@ class State(NamedTuple):
     queue_hl: np.ndarray    # int64 [L, 2]: queue head and length
     clock: np.ndarray       # float64 [kernel.N_CLOCK]: the clock carried between kernel calls
     scal: np.ndarray        # int64 [kernel.N_SCAL]: the other scalars carried between kernel calls
+    pf: np.ndarray          # int32 [L * E] (or empty without prefetch): simulator/prefetch.py PF_* states
+    pf_t: np.ndarray        # float64 [L * E]: completion time of an expert's prefetch in flight
+    pf_prev: np.ndarray     # int16 [L, k]: prev-token prefetch: the last selection of each layer
+    pf_scal: np.ndarray     # int64 [prefetch.N_PF_SCAL]: its token's sequence, and whether it is set
+    pf_score: np.ndarray    # float64 [E]: next-layer prefetch scratch (zero between steps)
+    pf_pick: np.ndarray     # int64 [E]: the predicted experts of a step (scratch)
     spin: np.ndarray        # float64 [L * E, 2]: --step-pin's step each expert is pinned at, its saved priority
 
 
@@ -159,9 +174,14 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     T, _, k = sel.shape
     warmup = config.warmup_tokens if members is None else int((members.max(axis=1) < config.warmup_tokens).sum())
     next_req, first_req = run.next_requests()
+    look = np.zeros((0, 0, 0), np.int16)
+    if config.prefetch == "lookahead":
+        look = lookahead_steps(run, config)
     steps = Steps(sel=sel, w=w, wm=wm, cand=np.ascontiguousarray(run.cand, dtype=np.int16), next_req=next_req,
-                  first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0)
+                  first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0, look=look)
     policy, setup, state, slots, ram_cap = policy_state(routing, config, cost, warmup)
+    if state.pf_prev.shape[0]:  # a batch's union may be wider than k
+        state = state._replace(pf_prev=np.full((L, k), -1, np.int16))
     shape = (T, L, k) if record else (0, 0, 0)
     out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
               tok_counts=np.zeros((T, N_COUNTERS), np.int64), tok_mass=np.zeros(T, np.float64),
@@ -207,17 +227,70 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     if n_low:  # the low-bit tier: copies of the most requested experts (after the pinned ones), fixed
         ranked = np.where(pinned.reshape(L, E), -1, counts_all)
         lowbit_res[most_requested(ranked, n_low, config.allocation)] = True
+    pf_code = prefetch_mod.get(config.prefetch).code
+    overlap = overlap_of(config, cost)
+    if overlap != prefetch_mod.OVERLAP_NONE and miss_mod.miss_quant(config.miss) is not None:
+        raise MoesimError(f"{config.miss} under an overlapped clock (--overlap layer|cross-layer, or the engine "
+                          "profile's default) is not modelled: use --overlap none")
     policy = Policy(evict=ev.code, prm=ev.kernel_params(param), miss=miss_mod.get(config.miss_name).code,
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
-                    reset_per_seq=bool(config.reset_per_sequence), step_pin=bool(config.step_pin),
+                    reset_per_seq=bool(config.reset_per_sequence), overlap=overlap,
+                    prefetch=pf_code, pf_depth=int(config.prefetch_depth), step_pin=bool(config.step_pin),
                     max_uploads=int(config.max_uploads or 0))
-    setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, lowbit_res=lowbit_res, warm_objs=warm_objs,
-                  ram_warm=ram_warm,
-                  cost=kernel_costs(cost, L, config.batch, config.low_quant))
+    succ, cnt = np.zeros((0, 0, 0), np.int16), np.zeros((0, 0, 0), np.int64)
+    if pf_code == prefetch_mod.NEXT_LAYER:
+        succ, cnt = next_layer_table(source, config)
+    setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, warm_objs=warm_objs, ram_warm=ram_warm,
+                  cost=kernel_costs(cost, L, config.batch, config.low_quant), pf_succ=succ, pf_cnt=cnt,
+                  lowbit_res=lowbit_res)
     n_obj = L * E
+    n_pf = n_obj if pf_code != prefetch_mod.NONE else 0
     state = State(objs=np.zeros((n_obj, N_OB), np.int32), objf=np.zeros((n_obj, N_FO), np.float64),
                   pools=new_pools(pool_cap, ram_cap), heap=np.zeros((max(1, int(pool_cap.sum())), 3), np.float64),
                   queue=np.zeros((L, E), np.int64), queue_t=np.zeros((L, E), np.float64),
                   queue_hl=np.zeros((L, 2), np.int64), clock=np.zeros(N_CLOCK, np.float64),
-                  scal=np.zeros(N_SCAL, np.int64), spin=np.full((n_obj, 2), -1.0, np.float64))
+                  scal=np.zeros(N_SCAL, np.int64), pf=np.zeros(n_pf, np.int32), pf_t=np.zeros(n_pf, np.float64),
+                  pf_prev=np.full((L, source.top_k) if n_pf else (0, 0), -1, np.int16),
+                  pf_scal=np.zeros(N_PF_SCAL, np.int64), pf_score=np.zeros(E if n_pf else 0, np.float64),
+                  pf_pick=np.zeros(E if n_pf else 0, np.int64), spin=np.full((n_obj, 2), -1.0, np.float64))
     return policy, setup, state, slots, ram_cap
+
+
+def overlap_of(config: SimConfig, cost: Any) -> int:
+    """The clock's overlap mode: the config's, else the engine profile's (CostParams.overlap), else none."""
+    name = config.overlap if config.overlap is not None else getattr(cost, "overlap", "none")
+    return prefetch_mod.overlap_code(name) if cost is not None else prefetch_mod.OVERLAP_NONE
+
+
+def lookahead_steps(run: Routing, config: SimConfig) -> np.ndarray:
+    """The lookahead column as the kernel reads it; refused (one line) when the trace has none."""
+    if run.lookahead is None:
+        raise MoesimError("--prefetch lookahead needs a trace with the lookahead column (layer l+1's router applied "
+                          "to layer l's hidden state, recorded by the tracers; docs/trace-format.md); this trace "
+                          "has none")
+    if config.prefetch_depth != 1:
+        raise MoesimError("--prefetch lookahead predicts the next layer only: use --prefetch-depth 1")
+    if config.batch > 1:
+        raise MoesimError("--prefetch lookahead replays batch 1 only")
+    return np.ascontiguousarray(run.lookahead, dtype=np.int16)
+
+
+def next_layer_table(source: Any, config: SimConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The next-layer predictor's table (policies/prefetch.py transitions) from --prefetch-train's trace, or
+    from the replayed trace's first tokens (prefetch.default_train_tokens): a Routing or a streamed store."""
+    depth = int(config.prefetch_depth)
+    L, E = source.n_layers, source.n_experts
+    if config.prefetch_train is not None:
+        from moesim.traces.routing import load_routing
+
+        train = load_routing(config.prefetch_train)
+        if (train.n_layers, train.n_experts) != (L, E):
+            raise MoesimError(f"--prefetch-train {config.prefetch_train}: {train.n_layers} MoE layers x "
+                              f"{train.n_experts} experts, the replayed trace has {L} x {E}")
+        return prefetch_mod.transitions(train.sel, E, depth)
+    n = prefetch_mod.default_train_tokens(source.n_tokens)
+    if isinstance(source, Routing):
+        return source.derived(("prefetch_transitions", depth, n),
+                              lambda: prefetch_mod.transitions(source.sel[:n], E, depth))
+    parts = [c.sel.copy() for c in source.chunks(n, stop=n, what=("sel",))]  # a streamed store: read the prefix
+    return prefetch_mod.transitions(np.concatenate(parts), E, depth)

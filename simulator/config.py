@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from moesim.costmodel.models import QUANT_SCHEMES
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
+from moesim.policies import prefetch as prefetch_mod
 from moesim.policies import registry
 from moesim.policies.miss import parse_miss
 from moesim.policies.registry import parse_eviction
@@ -20,8 +21,10 @@ ALLOCATIONS = ("per-layer", "global")
 # evictions that are neither list nor heap policies (ARC, S3-FIFO, SIEVE, CLOCK: their victim search moves experts
 # between lists or clears bits on the way): --step-pin is refused for them (docs/replay-semantics.md)
 STEP_PIN_REFUSED = step_pin_refused()
-# fields added after results were first keyed, and their defaults (left out of to_dict at the default)
-LATER_DEFAULTS = {"step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None}
+# fields added after results were first keyed, and their defaults (left out of to_dict at the default, so earlier
+# configs keep their keys)
+_LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": None, "overlap": None,
+                   "step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None}
 
 
 def slots_for_budget(budget: float, n_experts: int) -> int:
@@ -45,6 +48,10 @@ class SimConfig:
     warmup_tokens: int = 0
     reset_per_sequence: bool = False
     batch: int = 1
+    prefetch: str = "none"
+    prefetch_depth: int = 1
+    prefetch_train: str | None = None
+    overlap: str | None = None  # none | layer | cross-layer; None: the engine profile's (docs/replay-semantics.md)
     step_pin: bool = False  # engine step semantics: a step's experts are pinned for it, its misses fetched together
     max_uploads: int | None = None  # at most this many fetched experts admitted per layer per step
     lowbit_share: float | None = None  # share of the slots holding low-bit copies of the most requested experts
@@ -63,6 +70,9 @@ class SimConfig:
         if not isinstance(self.step_pin, (bool, int)) or self.step_pin not in (0, 1):
             raise MoesimError(f"step_pin must be true or false, got {self.step_pin!r}")
         object.__setattr__(self, "step_pin", bool(self.step_pin))
+        if self.step_pin and self.prefetch != "none":
+            raise MoesimError("--step-pin with --prefetch is not modelled: a prefetch admits experts outside the "
+                              "step's order, past its pins (use one or the other)")
         if self.step_pin and registry.get(ev).name in STEP_PIN_REFUSED:
             raise MoesimError(f"--step-pin is not defined for the {ev} eviction: its victim search moves experts "
                               "between its lists, so skipping the step's pinned experts has no exact meaning "
@@ -114,6 +124,16 @@ class SimConfig:
         if int(self.batch) != self.batch or self.batch < 1:
             raise MoesimError(f"batch must be a positive whole number, got {self.batch!r}")
         object.__setattr__(self, "batch", int(self.batch))
+        prefetch_mod.get(self.prefetch)
+        if int(self.prefetch_depth) != self.prefetch_depth or self.prefetch_depth < 1:
+            raise MoesimError(f"prefetch depth must be a positive whole number of layers, got {self.prefetch_depth!r}")
+        object.__setattr__(self, "prefetch_depth", int(self.prefetch_depth))
+        if self.prefetch_train is not None:
+            if self.prefetch != "next-layer":
+                raise MoesimError("--prefetch-train trains the next-layer prefetch: give --prefetch next-layer")
+            object.__setattr__(self, "prefetch_train", str(self.prefetch_train))
+        if self.overlap is not None:
+            prefetch_mod.overlap_code(self.overlap)
 
     @property
     def eviction_name(self) -> str:
@@ -173,8 +193,8 @@ class SimConfig:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        # options added later are left out at their defaults, so the keys of earlier results stay valid
-        for name, default in LATER_DEFAULTS.items():
+        # fields added later are left out at their defaults, so earlier configs keep their keys
+        for name, default in _LATER_DEFAULTS.items():
             if d[name] == default:
                 del d[name]
         return d
@@ -193,6 +213,10 @@ class SimConfig:
             parts.append(self.allocation)
         if self.batch > 1:
             parts.append(f"batch {self.batch}")
+        if self.prefetch != "none":
+            parts.append(self.prefetch_label())
+        if self.overlap is not None:
+            parts.append(f"overlap {self.overlap}")
         if self.step_pin:
             parts.append("step-pin")
         if self.max_uploads is not None:
@@ -200,3 +224,10 @@ class SimConfig:
         if self.lowbit_share is not None:
             parts.append(f"lowbit {self.lowbit_share:g} {self.low_quant}")
         return " / ".join(parts)
+
+    def prefetch_label(self) -> str:
+        """'pf oracle' (prefetch oracle), 'pf next-layer:2' (depth 2), '' without prefetch: short, so that
+        the sweep's policy column stays narrow."""
+        if self.prefetch == "none":
+            return ""
+        return f"pf {self.prefetch}" + (f":{self.prefetch_depth}" if self.prefetch_depth != 1 else "")

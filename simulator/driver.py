@@ -119,8 +119,12 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
     if config.batch > 1:
         raise MoesimError("--batch replays in memory only; this trace is streamed (too large to decode whole, "
                           "or --stream): use --no-stream, or a shorter trace")
+    if config.prefetch == "lookahead":
+        raise MoesimError("--prefetch lookahead replays in memory only; this trace is streamed (too large to decode "
+                          "whole, or --stream): use --no-stream, or a shorter trace")
     T, L = store.n_tokens, store.n_layers
     _check_warmup(config, T)
+    no_look = np.zeros((0, 0, 0), np.int16)
     policy, setup, state, slots, ram_cap = policy_state(store, config, cost, config.warmup_tokens)
     ev = registry.get(config.eviction_name)
     n = store.chunk_tokens(chunk_tokens)
@@ -142,7 +146,7 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
     for c in store.chunks(n, what=what, next_req=ev.uses_next_request):
         m = len(c.seq)
         steps = Steps(sel=c.sel, w=c.w, wm=c.w, cand=c.cand, next_req=c.next_req, first_req=first, tok_seq=c.seq,
-                      t0=c.t0)
+                      t0=c.t0, look=no_look)
         out = bufs._replace(tok_counts=bufs.tok_counts[:m], tok_mass=bufs.tok_mass[:m],
                             tok_seconds=bufs.tok_seconds[:m], tok_stall=bufs.tok_stall[:m])
         t1 = time.perf_counter()

@@ -10,6 +10,7 @@ tests/reference_replay.py is the slow reference this kernel must match count for
 from numba import njit
 
 from moesim.policies import miss, registry
+from moesim.policies import prefetch as pfp
 from moesim.policies.structures import (
     ACC,
     CAP,
@@ -32,14 +33,18 @@ from moesim.policies.structures import (
     X0,
     list_clear,
 )
+from moesim.simulator import overlap
+from moesim.simulator import prefetch as pfm
 from moesim.simulator import step_pin as pin
 
 # counter columns (per layer and per token)
 COUNTER_NAMES = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
                  "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
-                 "lowbit", "capped", "pin_full", "lowbit_tier")
+                 "prefetches", "prefetch_used", "prefetch_late", "prefetches_nvme", "lowbit", "capped", "pin_full",
+                 "lowbit_tier")
 (REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS,
- FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME, LOWBIT, CAPPED, PIN_FULL, LOWBIT_TIER) = range(len(COUNTER_NAMES))
+ FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME, PREFETCHES, PREFETCH_USED, PREFETCH_LATE,
+ PREFETCHES_NVME, LOWBIT, CAPPED, PIN_FULL, LOWBIT_TIER) = range(len(COUNTER_NAMES))
 N_COUNTERS = len(COUNTER_NAMES)
 # cost columns: seconds per operation (simulator/args.py kernel_costs); all zero replays without a clock
 COST_NAMES = ("dense_layer", "expert_vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram",
@@ -147,22 +152,34 @@ def _reset(policy, setup, E, ob, fo, po, heap, qhl):
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
-def _land_copies(code, prm, pool, l, tick0, now, link_free, s_writeback, ob, fo, po, heap, queue, queue_t, qhl):
-    """Admit layer l's background copies that completed by ``now`` (in queue order, at the step's
-    first ticks). Returns (admissions, evictions, when the link is free)."""
+def _land_copies(code, prm, pool, l, tick0, now, link_free, s_writeback, ob, fo, po, heap, queue, queue_t, qhl, pf):
+    """Admit layer l's background copies and prefetches that completed by ``now`` (in queue order, at the
+    step's first ticks). Returns (admissions, evictions, when the link is free). ``pf``: the prefetch
+    states (empty without prefetch)."""
     E = queue.shape[1]
     n_admit = 0
     n_evict = 0
     i = 0
+    prefetching = pf.shape[0] > 0
     while qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
         o = queue[l, qhl[l, 0]]
         qhl[l, 0] = (qhl[l, 0] + 1) % E
         qhl[l, 1] -= 1
         ob[o, QUEUED] = 0
+        fetched = False  # a prefetch: admitted but not an admission
+        if prefetching:
+            st = pf[o]
+            pf[o] = pfm.PF_NONE
+            if st == pfm.PF_STALE:
+                continue  # already served to a request that waited for it
+            fetched = st == pfm.PF_INFLIGHT
         if ob[o, RES] == 0:
             v = _admit(code, prm, pool, o, tick0 + i, ob, fo, po, heap)
             if v != registry.NOT_ADMITTED:
-                n_admit += 1
+                if fetched:
+                    pf[o] = pfm.PF_LANDED
+                else:
+                    n_admit += 1
             if v >= 0:
                 n_evict += 1
                 if s_writeback != 0.0:
@@ -290,6 +307,39 @@ def _enqueue(o, l, done, ob, queue, queue_t, qhl):
     qhl[l, 1] += 1
 
 
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _prefetch(policy, steps, setup, state, t, l, t_r, link_free, tiered, timed, tok_counts, layer_counts, counting):
+    """Step (t, l)'s prefetches for layer l + depth (same token): each predicted expert neither resident nor
+    already queued is copied on the link behind what is there (at the earliest at the router decision
+    ``t_r``) and queued to land at that layer's first step after it completes. Returns the link's free time."""
+    sel, pf, ob, po = steps.sel, state.pf, state.objs, state.pools
+    L = sel.shape[1]
+    E = ob.shape[0] // L
+    seq_t = steps.tok_seq[t]
+    lt = l + policy.pf_depth
+    if lt < L:
+        n = pfm.predict(policy.prefetch, t, l, lt, sel, steps.look, setup.pf_succ, setup.pf_cnt, state.pf_prev,
+                        state.pf_scal, seq_t, state.pf_score, state.pf_pick)
+        ram = po.shape[0] - 1
+        cost = setup.cost
+        for i in range(n):
+            o = lt * E + state.pf_pick[i]
+            if ob[o, RES] != 0 or ob[o, QUEUED] != 0:
+                continue
+            _bump(tok_counts, layer_counts, t, lt, PREFETCHES, counting)
+            nvme = tiered and _from_nvme(o, ram, ob, po)
+            if nvme:
+                _bump(tok_counts, layer_counts, t, lt, PREFETCHES_NVME, counting)
+            if timed:
+                link_free = max(t_r, link_free) + (cost[S_COPY_NVME] if nvme else cost[S_COPY_RAM])
+            _enqueue(o, lt, link_free, ob, state.queue, state.queue_t, state.queue_hl)
+            pf[o] = pfm.PF_INFLIGHT
+            state.pf_t[o] = link_free
+    if policy.prefetch == pfp.PREV_TOKEN:
+        pfm.remember(l, t, sel, state.pf_prev, state.pf_scal, seq_t)
+    return link_free
+
+
 # The scalars a replay carries from one kernel call to the next (State.clock, State.scal): a streamed
 # replay calls the kernel once per chunk of tokens with the same state arrays, so everything a token
 # depends on from earlier tokens lives in the state, never in the kernel's locals.
@@ -354,6 +404,12 @@ def replay(steps, policy, setup, state, out):
     s_lowbit_vram = cost[S_LOWBIT_VRAM]
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
     copies = beta > 0.0 and admits
+    # overlap (simulator/overlap.py) and prefetch (simulator/prefetch.py): off, they leave the loop as it was
+    ov = policy.overlap if timed else 0
+    prefetching = policy.prefetch != pfp.NONE and admits  # pinned evictions never admit: nothing to prefetch
+    pf = state.pf
+    t_r = h = h0 = lk0 = 0.0
+    m_link = 0
     now = clock[NOW]
     link_free = clock[LINK_FREE]
     prev_seq = scal[PREV_SEQ]
@@ -366,6 +422,8 @@ def replay(steps, policy, setup, state, out):
         stall = 0.0
         if tg == 0 or (reset_per_seq and tok_seq[t] != prev_seq):
             _reset(policy, setup, E, ob, fo, po, heap, qhl)
+            if prefetching:
+                pfm.reset(pf, state.pf_scal)
             decay_base = tg
         prev_seq = tok_seq[t]
         if half_life > 0.0:
@@ -396,9 +454,14 @@ def replay(steps, policy, setup, state, out):
             ran_cpu = False
             if timed:
                 now += s_dense_layer
+            t_r = now  # the router decision
+            if ov:
+                h = h0 = overlap.NEG
+                lk0 = now
+                m_link = 0
             if qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
                 n_admit, n_evict, link_free = _land_copies(code, prm, pool, l, tick0, now, link_free, s_writeback,
-                                                           ob, fo, po, heap, queue, queue_t, qhl)
+                                                           ob, fo, po, heap, queue, queue_t, qhl, pf)
             if substitutes:  # a substitute may not be one of the step's selected experts
                 for r in range(k):
                     if sel[t, l, r] >= 0:
@@ -429,6 +492,31 @@ def replay(steps, policy, setup, state, out):
                     registry.hit(code, ob, fo, po, heap, prm, pool, o, tick, True)
                     if timed:
                         now += s_vram
+                    if prefetching and pf[o] == pfm.PF_LANDED:
+                        pf[o] = pfm.PF_NONE
+                        _bump(tok_counts, layer_counts, t, l, PREFETCH_USED, counting)
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_HIT
+                    continue
+                if prefetching and pf[o] == pfm.PF_INFLIGHT:
+                    # its prefetch is still in flight: wait for it (a hit, late), no second copy
+                    n_hit += 1
+                    _bump(tok_counts, layer_counts, t, l, PREFETCH_USED, counting)
+                    done = state.pf_t[o]
+                    asked = t_r if ov else now
+                    if done > asked:
+                        _bump(tok_counts, layer_counts, t, l, PREFETCH_LATE, counting)
+                    if timed:
+                        if ov:
+                            h = max(h, done) + s_vram
+                            m_link += 1
+                        else:
+                            stall += max(done, now) - now
+                            now = max(done, now) + s_vram
+                    if pfm.serve_late(code, prm, pool, o, tick, ob, fo, po, heap, pf) >= 0:
+                        n_evict += 1
+                        if timed:
+                            link_free = max(t_r if ov else now, link_free) + s_writeback
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_HIT
                     continue
@@ -437,8 +525,8 @@ def replay(steps, policy, setup, state, out):
                 if tier and lowbit_res[o]:
                     if timed:
                         now += s_lowbit_vram
-                    link_free = _tier_run(o, l, wr, now, link_free, cost, timed, tiered, ram, copies, beta, ob,
-                                          fo, po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
+                    link_free = _tier_run(o, l, wr, t_r if ov else now, link_free, cost, timed, tiered, ram, copies,
+                                          beta, ob, fo, po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_LOWBIT
                     continue
@@ -448,13 +536,19 @@ def replay(steps, policy, setup, state, out):
                     if nvme:
                         _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
                     if timed:
-                        if not step_pin:
-                            copy_end = now
-                        start = max(copy_end, link_free)  # behind any queued background copy
-                        stall += start - copy_end
-                        link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
-                        copy_end = link_free
-                        now = max(now, link_free) + s_vram
+                        if ov:
+                            link_free, h, lk0, h0, m_link = overlap.fetch(
+                                t_r, link_free, s_fetch_nvme if nvme else s_fetch_ram, s_vram, h, lk0, h0, m_link)
+                        else:
+                            if not step_pin:
+                                copy_end = now
+                            start = max(copy_end, link_free)  # behind any queued background copy
+                            stall += start - copy_end
+                            link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
+                            copy_end = link_free
+                            now = max(now, link_free) + s_vram
+                    if prefetching and pf[o] == pfm.PF_LANDED:
+                        pf[o] = pfm.PF_NONE  # evicted before use, fetched again
                     if admits:
                         if engine:  # --step-pin or --max-uploads
                             v, n_up = _admit_engine(pin_mode, code, prm, pool, o, tick, step, n_up, max_up, step_pin,
@@ -464,7 +558,7 @@ def replay(steps, policy, setup, state, out):
                         if v >= 0:
                             n_evict += 1
                             if timed:
-                                link_free = max(now, link_free) + s_writeback
+                                link_free = max(t_r if ov else now, link_free) + s_writeback
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_FETCH
                     continue
@@ -517,13 +611,18 @@ def replay(steps, policy, setup, state, out):
                         if nvme:
                             _bump(tok_counts, layer_counts, t, l, COPIES_NVME, counting)
                         if timed:
-                            link_free = max(now, link_free) + (s_copy_nvme if nvme else s_copy_ram)
+                            link_free = max(t_r if ov else now, link_free) + (s_copy_nvme if nvme else s_copy_ram)
                         _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
 
             if step_pin:
                 pin.restore(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
             if timed and ran_cpu:
                 now += s_handoff
+            if prefetching:
+                link_free = _prefetch(policy, steps, setup, state, t, l, t_r, link_free, tiered, timed, tok_counts,
+                                      layer_counts, counting)
+            if ov:
+                now, stall = overlap.finish(ov, now, m_link, s_vram, h, h0, link_free, stall)
             tmass += smass
             _add(tok_counts, t, n_req, n_hit, n_fetch, n_evict, n_admit)
             if counting:

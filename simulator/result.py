@@ -38,8 +38,27 @@ class TimedSums:
             d["counts"] += counts[mask].sum(axis=0)
 
 
+PREFETCH_RATES = ("prefetch_precision", "prefetch_recall", "prefetch_timeliness")
+_NAN = float("nan")  # one object, so that equal totals compare equal (dict equality tries identity first)
+
+
+def prefetch_rates(c: dict) -> dict:
+    """precision = used / issued; recall = prefetch-served requests / (those + misses), the share of the
+    requests that found their expert absent from the cache that a prefetch served; timeliness = 1 - late /
+    used. NaN where the denominator is 0 (no prefetch)."""
+    used, issued, late = c["prefetch_used"], c["prefetches"], c["prefetch_late"]
+    nan = _NAN
+    return {"prefetch_precision": used / issued if issued else nan,
+            "prefetch_recall": used / (used + c["misses"]) if issued and used + c["misses"] else nan,
+            "prefetch_timeliness": 1.0 - late / used if used else nan}
+
+
 def rates(c: dict, steps: int) -> dict:
     req = c["requests"]
+    return {**_rates(c, req, steps), **prefetch_rates(c)}
+
+
+def _rates(c: dict, req: int, steps: int) -> dict:
     return {
         "hit_rate": c["hits"] / req if req else float("nan"),
         "miss_rate": c["misses"] / req if req else float("nan"),
@@ -105,13 +124,16 @@ class SimResult:
                 # low-bit copies fetched on a miss (the low-bit tier's runs move nothing)
                 "link_sync": (c["fetches"] * bpe + (c["lowbit"] - c["lowbit_tier"]) * bpe_low) * per_tok,
                 "link_background": c["copies"] * bpe * per_tok,
-                "nvme": (c["fetches_nvme"] + c["cpu_nvme"] + c["copies_nvme"]) * bpe * per_tok,
+                "link_prefetch": c["prefetches"] * bpe * per_tok,
+                "nvme": (c["fetches_nvme"] + c["cpu_nvme"] + c["copies_nvme"] + c["prefetches_nvme"]) * bpe * per_tok,
                 "cpu": c["cpu"] * bpe * per_tok,
             },
             "vram_bytes_for_cache": self.slots_per_layer * len(self.layer_ids) * bpe,
             "vram_bytes_free_for_experts": cost.vram_expert_slots * bpe,
             "fits_in_vram": self.slots_per_layer * len(self.layer_ids) <= cost.vram_expert_slots,
             "host_ram_tier_experts": ram_cap,  # None: every expert fits in host RAM
+            "bytes_per_expert": bpe,
+            "overlap": self.config.overlap or getattr(cost, "overlap", "none"),
         }
 
     def totals(self) -> dict:
@@ -133,12 +155,15 @@ class SimResult:
         if self.timing is not None:
             timing = {k: self.timing[k] for k in ("s_per_token", "tok_per_s")}
             timing["timing"] = self.timing
+        totals = self.totals()
+        if self.timing is not None:  # bytes need a model's bytes per expert
+            totals["prefetch_bytes"] = totals["prefetches"] * self.timing["bytes_per_expert"]
         return {
             "config": {**self.config.to_dict(), "key": self.config.key(), "label": self.config.label()},
             "trace": {"digest": self.trace_digest, "synthetic": self.synthetic},
             "slots_per_layer": self.slots_per_layer,
             "counted_tokens": self.counted_tokens,
-            "totals": self.totals(),
+            "totals": totals,
             "layers": self.layer_rows(),
             "replay_seconds": self.replay_seconds,
             **timing,

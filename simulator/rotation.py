@@ -62,7 +62,8 @@ def rotated_routing(routing: Routing, order: np.ndarray) -> Routing:
     return Routing(meta=routing.meta, seq=take(routing.seq), pos=take(routing.pos), phase=take(routing.phase),
                    domain=take(routing.domain), domain_names=routing.domain_names, token=take(routing.token),
                    sel=take(routing.sel), w=take(routing.w), cand=take(routing.cand),
-                   digest=f"{routing.digest}:rotated{int(order[0])}", path=routing.path)
+                   lookahead=take(routing.lookahead), digest=f"{routing.digest}:rotated{int(order[0])}",
+                   path=routing.path)
 
 
 def warm_unit_sums(routing: Routing, config: SimConfig, units: Units, result, cost=None,

@@ -15,7 +15,11 @@ Left out:
   and labelled "no cache / cpu". static + cpu (the most requested experts pinned, the rest on the CPU)
   is kept.
 
-The named presets and the speed-up baseline (default: the fetch-all preset) are always added.
+The named presets and the speed-up baseline (default: the fetch-all preset) are always added, and, in the
+default grid (default eviction and miss axes), three prefetch variants under fetch-all (PREFETCH_VARIANTS):
+lru + oracle, lru + next-layer and belady + oracle (the lower bound on time per token of a policy that runs
+every selected expert: the offline eviction with the perfect prefetcher). A prefetch axis (``prefetches``,
+--prefetch) replaces them by every eviction x miss x admission x prefetch.
 """
 
 from __future__ import annotations
@@ -60,9 +64,13 @@ _AXIS_KEYS = {
     "batch": "batches", "batches": "batches",
     "hw": "hws",
     "quant": "quants",
+    "prefetch": "prefetches", "prefetches": "prefetches",
 }
-_SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence", "step_pin",
-                "max_uploads", "lowbit_share", "lowbit_quant")
+_SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence", "prefetch_depth",
+                "overlap", "step_pin", "max_uploads", "lowbit_share", "lowbit_quant")
+# Prefetch variants of the default grid (eviction, prefetch), under fetch-all; belady + oracle is the bound.
+PREFETCH_VARIANTS = (("lru", "oracle"), ("lru", "next-layer"), ("belady", "oracle"))
+LOWER_BOUND = ("belady", "fetch-all", "oracle")
 # The engine profile each named preset is priced with (others: the grid's engine, default ideal).
 PRESET_ENGINES = {"llama.cpp": "llama.cpp"}
 
@@ -91,6 +99,10 @@ class Grid:
     lowbit_share: float | None = None  # share of the slots holding low-bit copies (tiered residency)
     lowbit_quant: str | None = None  # their quantization
     presets: bool = True  # add the named presets to every group (the API's simulate turns it off)
+    prefetches: list[str] | None = None  # None: no prefetch, plus PREFETCH_VARIANTS when presets are added
+    prefetch_depth: int = 1
+    prefetch_train: str | None = None
+    overlap: str | None = None  # None: each engine profile's
     baseline: str = DEFAULT_BASELINE  # the speed-up reference, added to every group
 
     def override(self, **axes) -> Grid:
@@ -162,9 +174,11 @@ def baseline_label(spec: str = DEFAULT_BASELINE) -> str:
 
 
 def baseline_of(config: SimConfig, spec: str = DEFAULT_BASELINE) -> SimConfig:
-    """The baseline policy at the config's cache size, allocation, batch and start: its speed-up reference."""
+    """The baseline policy at the config's cache size, allocation, batch, start and clock (without
+    prefetch): its speed-up reference."""
     ev, miss, admit = baseline_policy(spec)
-    return canonical(dataclasses.replace(config, eviction=ev, miss=miss, admit=admit,
+    return canonical(dataclasses.replace(config, eviction=ev, miss=miss, admit=admit, prefetch="none",
+                                         prefetch_depth=1, prefetch_train=None,
                                          step_pin=config.step_pin and eviction_pins(ev)))
 
 
@@ -185,7 +199,7 @@ def tier_quant(g: Grid, miss: str) -> str | None:
 def never_cached(config: SimConfig) -> bool:
     """A cold cache nothing ever enters: no pinning, and a miss policy that never fetches with no
     background admission. Every request misses whatever the eviction policy."""
-    if config.pinned or config.warm:
+    if config.pinned or config.warm or config.prefetch != "none":
         return False
     return config.miss == "cpu" or (config.miss in ("substitute", "drop") and config.admit is None)
 
@@ -214,16 +228,20 @@ def expand(config_axes: Grid) -> list[Planned]:
         cfg = canonical(cfg)
         out.setdefault((cfg.key(), hw, quant), Planned(cfg, hw, quant))
 
-    def make(size, allocation, batch, eviction, miss, admit) -> SimConfig:
+    def make(size, allocation, batch, eviction, miss, admit, prefetch="none") -> SimConfig:
         kind, value = size
+        pf = {} if prefetch == "none" else {"prefetch": prefetch, "prefetch_depth": g.prefetch_depth,
+                                            "prefetch_train": g.prefetch_train if prefetch == "next-layer" else None}
         return SimConfig(eviction=eviction, miss=miss, admit=admit, allocation=allocation, batch=batch,
                          warm=g.warm, warmup_tokens=g.warmup_tokens, reset_per_sequence=g.reset_per_sequence,
-                         step_pin=g.step_pin and eviction_pins(eviction), max_uploads=g.max_uploads,
-                         lowbit_share=g.lowbit_share, lowbit_quant=tier_quant(g, miss), **{kind: value})
+                         overlap=g.overlap, step_pin=g.step_pin and eviction_pins(eviction), max_uploads=g.max_uploads,
+                         lowbit_share=g.lowbit_share, lowbit_quant=tier_quant(g, miss), **pf, **{kind: value})
+
+    prefetches = ["none"] if g.prefetches is None else list(g.prefetches)
 
     for hw, quant, size, allocation, batch in itertools.product(g.hws, g.quants, sizes, g.allocations, g.batches):
-        for eviction, miss, admit in itertools.product(evictions, misses, admits):
-            cfg = make(size, allocation, batch, eviction, miss, admit)
+        for eviction, miss, admit, prefetch in itertools.product(evictions, misses, admits, prefetches):
+            cfg = make(size, allocation, batch, eviction, miss, admit, prefetch)
             if g.misses is None and never_cached(cfg):
                 if cfg.miss == "substitute":
                     continue  # drops every expert: not a policy anyone runs (explicit --miss keeps it)
@@ -232,6 +250,9 @@ def expand(config_axes: Grid) -> list[Planned]:
             add(cfg, hw, quant)
         for p in PRESETS.values() if g.presets else ():
             add(make(size, allocation, batch, p["eviction"], p["miss"], p["admit"]), hw, quant)
+        variants = g.presets and g.prefetches is None and g.evictions is None and g.misses is None
+        for eviction, prefetch in PREFETCH_VARIANTS if variants else ():
+            add(make(size, allocation, batch, eviction, "fetch-all", None, prefetch), hw, quant)
         add(baseline_of(make(size, allocation, batch, "lru", "fetch-all", None), g.baseline), hw, quant)
     return list(out.values())
 
@@ -320,6 +341,15 @@ def axis(name: str, values) -> list:
         return parse_values(values, "admission threshold", allow_none=True)
     if name == "thetas":
         return parse_values(values, "threshold θ")
+    if name == "prefetches":
+        from moesim.policies import prefetch as prefetch_mod
+
+        if isinstance(values, (list, tuple)):  # repeated flags may each hold a comma list
+            values = [x for v in values for x in (v.split(",") if isinstance(v, str) else [v])]
+        names = _strings(values, "prefetch")
+        for n in names:
+            prefetch_mod.get(n)
+        return names
     return _strings(values, name)
 
 
@@ -339,7 +369,9 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
     for key, value in doc.items():
         if key in _AXIS_KEYS:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
-        elif key in ("model", "engine", "baseline", "lowbit_quant"):
+        elif key == "prefetch_depth":
+            changes[key] = _number(value, key, integer=True)
+        elif key in ("model", "engine", "baseline", "overlap", "lowbit_quant"):
             if not isinstance(value, str):
                 raise MoesimError(f"{path}: {key} must be a string")
             changes[key] = value
@@ -371,8 +403,8 @@ def _values(x) -> list | None:
 def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, misses=None, thetas=None,
                       admits=None, allocations=None, batches=None, warm=None, warmup_tokens=None,
                       reset_per_sequence=None, hws=None, model=None, quants=None, engine=None,
-                      presets=True, baseline=None, step_pin=None, max_uploads=None, lowbit_share=None,
-                      lowbit_quant=None) -> Grid:
+                      presets=True, baseline=None, prefetches=None, prefetch_depth=None, prefetch_train=None,
+                      overlap=None, step_pin=None, max_uploads=None, lowbit_share=None, lowbit_quant=None) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -398,5 +430,6 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          allocations=_values(allocations), batches=ax("batches", batches), warm=warm,
                          warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=_values(hws),
                          model=model, quants=_values(quants), engine=engine, presets=presets,
-                         baseline=baseline, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
-                         lowbit_quant=lowbit_quant)
+                         baseline=baseline, prefetches=ax("prefetches", prefetches), prefetch_depth=prefetch_depth,
+                         prefetch_train=prefetch_train, overlap=overlap, step_pin=step_pin, max_uploads=max_uploads,
+                         lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)

@@ -54,8 +54,8 @@ def cost_key(cost) -> str:
 
 def preset_names(config: SimConfig) -> str:
     """The named presets this config is (its eviction, miss and admission match)."""
-    names = [n for n, p in PRESETS.items()
-             if (config.eviction, config.miss, config.admit) == (p["eviction"], p["miss"], p["admit"])]
+    names = [n for n, p in PRESETS.items() if config.prefetch == "none"
+             and (config.eviction, config.miss, config.admit) == (p["eviction"], p["miss"], p["admit"])]
     return ",".join(names)
 
 
@@ -63,6 +63,8 @@ def policy_label(config: SimConfig) -> str:
     if config.miss == "cpu" and never_cached(config):
         return "no cache / cpu"  # every expert on the CPU: the eviction policy never acts
     parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
+    if config.prefetch != "none":
+        parts.append(config.prefetch_label())
     return " / ".join(parts)
 
 
@@ -117,6 +119,8 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
         "eviction": cfg.eviction, "miss": cfg.miss, "admit": cfg.admit, "budget": cfg.budget, "slots": cfg.slots,
         "slots_per_layer": payload["slots_per_layer"], "allocation": cfg.allocation, "warm": cfg.warm,
         "warmup_tokens": cfg.warmup_tokens, "reset_per_sequence": cfg.reset_per_sequence, "batch": cfg.batch,
+        "prefetch": cfg.prefetch, "prefetch_depth": cfg.prefetch_depth,
+        "overlap": cfg.overlap or (cost.overlap if cost is not None else "none"),
         "step_pin": cfg.step_pin, "max_uploads": cfg.max_uploads, "lowbit_share": cfg.lowbit_share,
         "lowbit_quant": cfg.lowbit_quant,
         "priced": cost is not None, "priced_as": note,
@@ -135,6 +139,7 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
             stall_per_token=tm["stall_per_token"], gb_per_token_sync=by["link_sync"] / 1e9,
             gb_per_token_background=by["link_background"] / 1e9, gb_per_token_nvme=by["nvme"] / 1e9,
             gb_per_token_cpu=by["cpu"] / 1e9, gb_per_token_vram_experts=by["experts_vram"] / 1e9,
+            gb_per_token_prefetch=by["link_prefetch"] / 1e9,
             vram_gib_for_cache=tm["vram_bytes_for_cache"] / 2**30,
             vram_gib_free=tm["vram_bytes_free_for_experts"] / 2**30, fits_in_vram=tm["fits_in_vram"],
             timed_steps=tm["timed_steps"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from moesim.simulator.kernel import COUNTER_NAMES
+from moesim.simulator.result import PREFETCH_RATES
 from moesim.simulator.units import STATISTICS
 
 # Statistics with a confidence interval in a row (sweeps/intervals.py): <name>_low and <name>_high.
@@ -15,16 +16,18 @@ ROW_SCHEMA: dict[str, str] = {
     "label": "str", "policy": "str", "preset": "str",
     "eviction": "str", "miss": "str", "admit": "f64", "budget": "f64", "slots": "i64", "slots_per_layer": "i64",
     "allocation": "str", "warm": "bool", "warmup_tokens": "i64", "reset_per_sequence": "bool", "batch": "i64",
+    "prefetch": "str", "prefetch_depth": "i64", "overlap": "str",
     "step_pin": "bool", "max_uploads": "i64", "lowbit_share": "f64", "lowbit_quant": "str",
     "priced": "bool", "priced_as": "str", "hw": "str", "model": "str", "quant": "str", "engine": "str",
     "quant_choice": "str",
     "counted_tokens": "i64",
     **{name: "i64" for name in COUNTER_NAMES},
     "mass": "f64", "hit_rate": "f64", "miss_rate": "f64", "substitution_rate": "f64", "drop_rate": "f64",
-    "mass_per_step": "f64",
+    "mass_per_step": "f64", **{name: "f64" for name in PREFETCH_RATES},
     "s_per_token": "f64", "ms_per_token": "f64", "tok_per_s": "f64", "stall_per_token": "f64",
     "gb_per_token_sync": "f64", "gb_per_token_background": "f64", "gb_per_token_nvme": "f64",
-    "gb_per_token_cpu": "f64", "gb_per_token_vram_experts": "f64", "vram_gib_for_cache": "f64",
+    "gb_per_token_cpu": "f64", "gb_per_token_vram_experts": "f64", "gb_per_token_prefetch": "f64",
+    "vram_gib_for_cache": "f64",
     "vram_gib_free": "f64", "fits_in_vram": "bool", "timed_steps": "str",
     # derived over the rows of the same table (sweeps/ranking.py)
     "keeps_first_choice": "bool", "speedup": "f64", "baseline": "str", "rank": "i64", "pareto": "bool",
@@ -42,6 +45,7 @@ LAYER_SCHEMA: dict[str, str] = {
     "row_key": "str", "trace_digest": "str", "config_key": "str", "cost_key": "str", "label": "str",
     "layer": "i64", **{name: "i64" for name in COUNTER_NAMES}, "mass": "f64",
     "hit_rate": "f64", "miss_rate": "f64", "substitution_rate": "f64", "drop_rate": "f64", "mass_per_step": "f64",
+    **{name: "f64" for name in PREFETCH_RATES},
 }
 
 

@@ -48,9 +48,11 @@ def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: 
                 allocations=[config.allocation], batches=[config.batch], hws=[hw], model=model, quants=[quant],
                 engine=engine,
                 warm=config.warm, warmup_tokens=config.warmup_tokens,
-                reset_per_sequence=config.reset_per_sequence, step_pin=config.step_pin,
+                reset_per_sequence=config.reset_per_sequence, presets=False, baseline=baseline,
+                prefetches=[config.prefetch], prefetch_depth=config.prefetch_depth,
+                prefetch_train=config.prefetch_train, overlap=config.overlap, step_pin=config.step_pin,
                 max_uploads=config.max_uploads, lowbit_share=config.lowbit_share, lowbit_quant=config.lowbit_quant,
-                presets=False, baseline=baseline, **size)
+                **size)
     tasks, costs, cost_info, notes = plan([entry], grid)
     for task in tasks:
         check_stream(task.config, entry, "local", ci)

@@ -15,7 +15,8 @@ from reference_policies import NOT_ADMITTED, make_policy
 
 COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
             "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
-            "lowbit", "capped", "pin_full", "lowbit_tier")
+            "prefetches", "prefetch_used", "prefetch_late", "prefetches_nvme", "lowbit", "capped", "pin_full",
+            "lowbit_tier")
 COST_KEYS = ("dense_layer", "vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram", "copy_nvme",
              "cpu_handoff", "writeback", "fetch_lowbit", "lowbit_vram")
 
@@ -28,14 +29,19 @@ def _top(counts: dict, n: int) -> list:
 def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, theta=0.15, admit=None,
                      allocation="per-layer", warm=False, warmup_tokens=0, reset_per_sequence=False,
                      half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None,
-                     params=None, decisions=None, step_pin=False, max_uploads=None, lowbit_tier=0):
+                     params=None, decisions=None, overlap="none", prefetch="none", prefetch_depth=1,
+                     prefetch_train=None, lookahead=None, step_pin=False, max_uploads=None, lowbit_tier=0):
     """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
     Negative ids in ``sel`` are padding (batched routing); ``wm``: the mass a substitution loses
     (default: ``w``); ``params``: the eviction's named parameters (reference_policies classes).
     ``decisions``: a dict filled with {(t, l, r): (outcome, substitute id or -1)}, outcomes as named in
-    the replay's decision record: "hit", "fetch", "substitute", "drop", "cpu", "lowbit". ``miss="lowbit"``: every
+    the replay's decision record: "hit", "fetch", "substitute", "drop", "cpu", "lowbit".
+    ``overlap``: none, layer or cross-layer (the clock's copy/compute overlap); ``prefetch``: none, prev-token,
+    next-layer, lookahead or oracle, for the layer ``prefetch_depth`` ahead; next-layer learns from
+    ``prefetch_train`` (selections [T', L, k]; default: the first 10% of ``sel``, at most 10,000 tokens);
+    lookahead reads ``lookahead`` [T, L, k]. ``miss="lowbit"``: every
     miss runs a low-bit copy (cost keys fetch_lowbit, lowbit_vram). ``step_pin``: at each step the hits are handled
     first, then the misses (each in rank order); no step's selected expert is a victim of its misses (the least-
     preferred other one is; none: the fetch is for this use only, counted as pin_full), and the step's copies go
@@ -85,6 +91,29 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         n_layers = min(L, slots * L // E)
         pinned = {(l, e) for l in range(L - n_layers, L) for e in range(E)}
 
+    ov = overlap != "none" and any(v != 0.0 for v in cost.values())
+    prefetching = prefetch != "none" and not eviction.startswith("static")  # pinned evictions never admit
+    successors = {}
+    if prefetch == "next-layer":
+        train = sel[:max(1, min(10_000, int(T * 0.1)))] if prefetch_train is None else prefetch_train
+        successors = _successors(train, E, prefetch_depth)
+
+    def predicted(t, l, lt):
+        """The experts to prefetch for layer lt at step (t, l), best first."""
+        if prefetch == "oracle":
+            return [int(e) for e in sel[t, lt] if e >= 0]
+        if prefetch == "prev-token":
+            if t == 0 or seq[t - 1] != seq[t]:
+                return []
+            return [int(e) for e in sel[t - 1, lt] if e >= 0]
+        if prefetch == "lookahead":
+            return [int(e) for e in lookahead[t, l] if e >= 0]
+        score: dict = {}
+        for e in sel[t, l]:
+            if e >= 0:
+                for s_, n_ in successors.get((l, int(e)), []):
+                    score[s_] = score.get(s_, 0) + n_
+        return sorted(score, key=lambda x: (-score[x], x))[:k]
     tier = set()
     if lowbit_tier:
         counts = request_counts(T)
@@ -108,6 +137,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                            next_use=lambda o: next_request(o, cur["now"])) for p in cap}
         state["acc"] = dict.fromkeys(objs, 0.0)
         state["pending"] = {l: [] for l in range(L)}  # (object, completion time), in link order
+        state["pf"] = {}  # object -> "inflight" | "landed" (resident, unused) | "stale" (served late, still queued)
+        state["pf_done"] = {}
         state["ram"] = list(ram_warm)  # least recently used first
         state["decay_base"] = t
         state["clock"] = 0
@@ -138,7 +169,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             c["evictions"] += 1
             tc["evictions"] += 1
             # an engine that writes evicted experts back occupies the link, queued after what is on it
-            clock["link"] = max(clock["now"], clock["link"]) + cost["writeback"]
+            clock["link"] = max(issue_time(), clock["link"]) + cost["writeback"]
         return True
 
     def from_nvme(o):
@@ -156,21 +187,34 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         ram.append(o)
         return True
 
+    clock = {"now": 0.0, "link": 0.0, "router": 0.0}
+
+    def issue_time():
+        """When a copy decided now is put on the link: under overlap every copy of a step is issued at its
+        router decision; serialized, at the moment it is decided."""
+        return clock["router"] if ov else clock["now"]
+
+    def gpu_end(start, arrivals):
+        """The GPU, free at ``start`` after the step's resident work, runs the link-dependent experts in rank
+        order, each as soon as it has landed (``arrivals``: landing times in rank order)."""
+        g = start
+        for a in arrivals:
+            g = max(g, a) + cost["vram"]
+        return g
+
     def background_copy(o, wr, c, tc, queue):
         """--admit: a substituted, dropped or low-bit expert's weight accumulates; at beta a copy is queued."""
         if admit and not pinning:
             state["acc"][o] += wr
             if state["acc"][o] >= admit and o not in [x for x, _ in queue]:
                 state["acc"][o] = 0.0
-                start = max(clock["now"], clock["link"])
+                start = max(issue_time(), clock["link"])
                 nvme = from_nvme(o)
                 clock["link"] = start + cost["copy_nvme" if nvme else "copy_ram"]
                 queue.append((o, clock["link"]))
                 for d in (c, tc):
                     d["copies"] += 1
                     d["copies_nvme"] += int(nvme)
-
-    clock = {"now": 0.0, "link": 0.0}
     inc = 1.0
     for t in range(T):
         t_start = clock["now"]
@@ -189,15 +233,24 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             c = layer[l] if counting else dict.fromkeys(COUNTERS, 0) | {"mass": 0.0}
             now_step = (t, l, -1)
             clock["now"] += cost["dense_layer"]
+            clock["router"] = clock["now"]
+            arrivals, arrivals_own, waited = [], [], 0  # overlap: the step's link-dependent experts
+            link_own = clock["now"]  # the link carrying only the step's own fetches (stall)
             queue = state["pending"][l]
             i = 0
             while queue and queue[0][1] <= clock["now"]:
                 o, _ = queue.pop(0)
+                kind = state["pf"].pop(o, None)
+                if kind == "stale":
+                    continue
                 if resident(o):
                     continue
                 if insert(o, (t * L + l, 0, i), now_step, c, tc):
-                    c["admissions"] += 1
-                    tc["admissions"] += 1
+                    if kind == "inflight":
+                        state["pf"][o] = "landed"
+                    else:
+                        c["admissions"] += 1
+                        tc["admissions"] += 1
                 i += 1
             selected = {(l, int(e)) for e in sel[t, l] if e >= 0}
             ran_as_substitute = set()
@@ -225,6 +278,29 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     clock["now"] += cost["vram"]
                     if o not in pinned:
                         state["policy"][pool_of(o)].hit(o, stamp, request=True)
+                    if state["pf"].get(o) == "landed":
+                        del state["pf"][o]
+                        c["prefetch_used"] += 1
+                        tc["prefetch_used"] += 1
+                    continue
+                if state["pf"].get(o) == "inflight":
+                    # the expert's prefetch is still in flight: wait for it (no second copy), admit it
+                    decisions[(t, l, r)] = ("hit", -1)
+                    for d in (c, tc):
+                        d["hits"] += 1
+                        d["prefetch_used"] += 1
+                    done = state["pf_done"][o]
+                    if done > issue_time():
+                        c["prefetch_late"] += 1
+                        tc["prefetch_late"] += 1
+                    if ov:
+                        arrivals.append(done)
+                        waited += 1
+                    else:
+                        tc["stall"] += max(done, clock["now"]) - clock["now"]
+                        clock["now"] = max(done, clock["now"]) + cost["vram"]
+                    state["pf"][o] = "stale"
+                    insert(o, stamp, now, c, tc)
                     continue
                 c["misses"] += 1
                 tc["misses"] += 1
@@ -245,29 +321,41 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 else:
                     action = miss
                 decisions[(t, l, r)] = (action if action != "substitute" else "drop", -1)
-                if action in ("fetch", "lowbit"):
-                    low = action == "lowbit"
-                    nvme = False
-                    if low:
-                        c["lowbit"] += 1
-                        tc["lowbit"] += 1
-                    else:
-                        c["fetches"] += 1
-                        tc["fetches"] += 1
-                        nvme = from_nvme(o)
+                if action == "lowbit":  # --overlap none only (the overlapped clock refuses lowbit:Q)
+                    c["lowbit"] += 1
+                    tc["lowbit"] += 1
                     if not step_pin:
                         copy_end = clock["now"]
                     start = max(copy_end, clock["link"])
                     tc["stall"] += start - copy_end
-                    clock["link"] = start + cost["fetch_lowbit" if low else ("fetch_nvme" if nvme else "fetch_ram")]
+                    clock["link"] = start + cost["fetch_lowbit"]
                     copy_end = clock["link"]
-                    clock["now"] = max(clock["now"], clock["link"]) + cost["lowbit_vram" if low else "vram"]
+                    clock["now"] = max(clock["now"], clock["link"]) + cost["lowbit_vram"]
+                    background_copy(o, wr, c, tc, queue)
+                    continue
+                if action == "fetch":
+                    c["fetches"] += 1
+                    tc["fetches"] += 1
+                    nvme = from_nvme(o)
+                    copy = cost["fetch_nvme" if nvme else "fetch_ram"]
+                    if ov:  # issued at the router decision, computed once landed (gpu_end)
+                        clock["link"] = max(clock["router"], clock["link"]) + copy
+                        arrivals.append(clock["link"])
+                        link_own += copy
+                        arrivals_own.append(link_own)
+                    else:
+                        if not step_pin:
+                            copy_end = clock["now"]
+                        start = max(copy_end, clock["link"])
+                        tc["stall"] += start - copy_end
+                        clock["link"] = start + copy
+                        copy_end = clock["link"]
+                        clock["now"] = max(clock["now"], clock["link"]) + cost["vram"]
                     if nvme:
                         c["fetches_nvme"] += 1
                         tc["fetches_nvme"] += 1
-                    if low:
-                        background_copy(o, wr, c, tc, queue)
-                        continue
+                    if state["pf"].get(o) == "landed":
+                        del state["pf"][o]
                     if not pinning:
                         if max_uploads is not None and uploads >= max_uploads:
                             c["capped"] += 1
@@ -317,8 +405,49 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 background_copy(o, wr, c, tc, queue)
             if c["cpu"] > cpu_before:  # the hand-off of a layer computed (partly) on the CPU
                 clock["now"] += cost["cpu_handoff"]
+            lt = l + prefetch_depth
+            if prefetching and lt < L:
+                for e in predicted(t, l, lt):
+                    o = (lt, e)
+                    if resident(o) or o in [x for x, _ in state["pending"][lt]]:
+                        continue
+                    ct = layer[lt] if counting else dict.fromkeys(COUNTERS, 0)
+                    nvme = from_nvme(o)
+                    for d in (ct, tc):
+                        d["prefetches"] += 1
+                        d["prefetches_nvme"] += int(nvme)
+                    clock["link"] = max(clock["router"], clock["link"]) + cost["copy_nvme" if nvme else "copy_ram"]
+                    state["pending"][lt].append((o, clock["link"]))
+                    state["pf"][o] = "inflight"
+                    state["pf_done"][o] = clock["link"]
+            if ov:
+                # resident work (in clock["now"]) first, then the link-dependent experts as they land
+                end = gpu_end(clock["now"], arrivals)
+                if overlap == "layer":  # the link is synchronized at the end of every layer
+                    end = max(end, clock["link"])
+                end_own = gpu_end(clock["now"] + waited * cost["vram"], arrivals_own)
+                tc["stall"] += end - end_own
+                clock["now"] = end
         tc["seconds"] = clock["now"] - t_start
     return layer, per_token
+
+
+def _successors(train, E, depth):
+    """next-layer prefetch: for each (layer l, expert e) the min(2k, E) experts of layer l + depth most often
+    selected in the same token as e (most often first, equal counts: lower id), with their counts."""
+    T, L, k = train.shape
+    out = {}
+    for l in range(L - depth):
+        counts: dict = {}
+        for t in range(T):
+            for a in train[t, l]:
+                for b in train[t, l + depth]:
+                    if a >= 0 and b >= 0:
+                        counts.setdefault(int(a), {}).setdefault(int(b), 0)
+                        counts[int(a)][int(b)] += 1
+        for a, row in counts.items():
+            out[(l, a)] = sorted(row.items(), key=lambda x: (-x[1], x[0]))[:min(2 * k, E)]
+    return out
 
 
 def random_routing_arrays(rng: np.random.Generator, T: int, L: int, E: int, k: int, M: int, n_seq: int = 1,

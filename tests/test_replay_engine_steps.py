@@ -44,7 +44,7 @@ def _check(routing, config, cost=None, ram_cap=None, ram_warm=()):
         miss=ms, theta=float(arg) if ms == "threshold" else 0.0, slots=slots, admit=config.admit,
         allocation=config.allocation, warm=config.warm, warmup_tokens=config.warmup_tokens,
         reset_per_sequence=config.reset_per_sequence, step_pin=config.step_pin, max_uploads=config.max_uploads,
-        lowbit_tier=n_low,
+        lowbit_tier=n_low, overlap=config.overlap or "none",
         cost=None if cost is None else _ref_cost(cost, L, config.low_quant), ram_cap=ram_cap, ram_warm=ram_warm)
     for i, name in enumerate(COUNTERS):
         assert res.counts[:, i].tolist() == [ref_layers[l][name] for l in range(L)], f"{config.label()}: {name}"
@@ -88,10 +88,14 @@ def test_engine_steps_timed_match_reference(eviction, miss):
                 for e in sel[e_l]:
                     counts[(e_l[1], int(e))] = counts.get((e_l[1], int(e)), 0) + 1
             popular = sorted(((l, e) for l in range(L) for e in range(E)), key=lambda o: (-counts.get(o, 0), o))
-            for step_pin, max_up in [(True, None), (True, 1), (False, 2)]:
+            for step_pin, max_up, overlap in [(True, None, None), (True, 1, None), (False, 2, None),
+                                              (True, 2, "layer"), (True, None, "cross-layer")]:
+                if overlap and miss.startswith("lowbit"):
+                    continue  # refused: lowbit:Q is not modelled under an overlapped clock
                 config = SimConfig(eviction=eviction, miss=miss, slots=slots, allocation=alloc,
                                    admit=None if miss in ("fetch-all", "cpu") else 0.4,
-                                   reset_per_sequence=n_seq > 1, step_pin=step_pin, max_uploads=max_up)
+                                   reset_per_sequence=n_seq > 1, step_pin=step_pin, max_uploads=max_up,
+                                   overlap=overlap)
                 _check(routing, config, cost, ram_cap, list(reversed(popular[:ram_cap or 0])))
 
 
@@ -109,10 +113,12 @@ def test_lowbit_tier_matches_reference(eviction, miss):
             routing = make_routing(sel, w, cand, seq, E)
             cost = fake_cost(L, E, rng, 10 * L * E, False)
             pin = eviction not in STEP_PIN_REFUSED
-            for step_pin, admit in [(False, None), (pin, 0.4)]:
+            for step_pin, admit, overlap in [(False, None, None), (pin, 0.4, None), (pin, 0.4, "cross-layer")]:
+                if overlap and miss.startswith("lowbit"):
+                    continue
                 config = SimConfig(eviction=eviction, miss=miss, slots=slots, allocation=alloc, lowbit_share=share,
                                    lowbit_quant="q2_k", admit=admit if miss != "fetch-all" else None,
-                                   reset_per_sequence=n_seq > 1, step_pin=step_pin, warmup_tokens=2)
+                                   reset_per_sequence=n_seq > 1, step_pin=step_pin, warmup_tokens=2, overlap=overlap)
                 res = _check(routing, config, cost)
                 assert res.totals()["lowbit_tier"] > 0
 
@@ -171,6 +177,16 @@ def test_step_pin_refused_where_undefined(eviction):
 def test_lowbit_quant_validated(spec, msg):
     with pytest.raises(MoesimError, match=msg):
         SimConfig(miss=spec, slots=2)
+
+
+def test_refused_combinations():
+    with pytest.raises(MoesimError, match="--step-pin with --prefetch"):
+        SimConfig(slots=2, step_pin=True, prefetch="oracle")
+    sel = np.array([[[0, 1]]], np.int16)
+    routing = make_routing(sel, np.full((1, 1, 2), 0.5, np.float32), sel.copy(), np.zeros(1, np.int32), 4)
+    cost = fake_cost(1, 4, np.random.default_rng(0), 4)
+    with pytest.raises(MoesimError, match="overlapped clock"):
+        simulate(routing, SimConfig(slots=2, miss="lowbit:q2_k", overlap="layer"), cost=cost)
 
 
 def test_lowbit_needs_a_smaller_quant():

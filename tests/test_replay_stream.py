@@ -74,6 +74,37 @@ def test_streamed_equals_in_memory(eviction):
                     assert_same(want, got, f"{config.label()} priced={cost is not None} chunk={chunk}")
 
 
+@pytest.mark.parametrize("prefetch", ["prev-token", "next-layer", "oracle"])
+def test_streamed_prefetch_and_overlap_equal_in_memory(prefetch):
+    """Prefetch state (copies in flight, landed-unused experts, the previous token's selection) and the
+    overlapped clock carry across chunks."""
+    with seeded_rng("stream-prefetch", prefetch) as rng:
+        sel, w, cand, seq = random_routing_arrays(rng, 45, 3, 10, 3, 7, 8)
+        routing = make_routing(sel, w, cand, seq, 10)
+        costs = [None, fake_cost(3, 10, rng, 12, engine_costs=True)]
+        with DecodedStore.from_routing(routing) as store:
+            for (ev, miss, alloc, warm, warmup, reset, admit), overlap, cost in itertools.product(
+                    [("lru", "fetch-all", "per-layer", False, 0, False, None),
+                     ("belady", "first-choice", "global", True, 5, True, 0.4),
+                     ("s3fifo", "substitute", "per-layer", False, 3, True, 0.3)],
+                    ["none", "layer", "cross-layer"], costs):
+                config = SimConfig(eviction=ev, miss=miss, slots=3, admit=admit, allocation=alloc, warm=warm,
+                                   warmup_tokens=warmup, reset_per_sequence=reset, prefetch=prefetch,
+                                   prefetch_depth=2 if ev == "belady" else 1, overlap=overlap)
+                want = simulate(routing, config, cost=cost)
+                for chunk in (1, 7, 45):
+                    got = simulate(store, config, cost=cost, chunk_tokens=chunk)
+                    assert_same(want, got, f"{config.label()} priced={cost is not None} chunk={chunk}")
+
+
+def test_streamed_refuses_lookahead():
+    rng = np.random.default_rng(2)
+    routing = make_routing(*random_routing_arrays(rng, 12, 2, 6, 2, 4, 1), 6)
+    routing.lookahead = np.full_like(routing.sel, -1)
+    with pytest.raises(MoesimError, match="in memory only"):
+        simulate(routing, eviction="lru", slots=2, prefetch="lookahead", stream=True)
+
+
 def test_streamed_without_series_keeps_totals_and_timing():
     rng = np.random.default_rng(4)
     sel, w, cand, seq = random_routing_arrays(rng, 30, 2, 8, 2, 5, 3)

@@ -23,10 +23,14 @@ def configs(grid):
     return [p.config for p in expand(grid)]
 
 
-def test_default_grid_has_37_distinct_configs_per_budget_with_every_preset():
-    cfgs = configs(Grid(budgets=[0.25]))
-    assert len(cfgs) == 37  # 6 x 5 x 2 = 60 - 15 - 5 - 4 = 36, + the llama.cpp preset (static-layers + cpu)
-    assert len({c.key() for c in cfgs}) == 37
+def test_default_grid_has_40_distinct_configs_per_budget_with_every_preset():
+    every = configs(Grid(budgets=[0.25]))
+    # 6 x 5 x 2 = 60 - 15 - 5 - 4 = 36, + the llama.cpp preset (static-layers + cpu), + 3 prefetch variants
+    assert len(every) == 40 and len({c.key() for c in every}) == 40
+    prefetching = [(c.eviction, c.miss, c.prefetch) for c in every if c.prefetch != "none"]
+    assert prefetching == [("lru", "fetch-all", "oracle"), ("lru", "fetch-all", "next-layer"),
+                           ("belady", "fetch-all", "oracle")]
+    cfgs = [c for c in every if c.prefetch == "none"]
     assert {c.eviction for c in cfgs} == {"lru", "lfu", "freq", "fifo", "static", "static-layers", "belady"}
     assert {c.miss for c in cfgs} == {"fetch-all", "threshold:0.15", "first-choice", "substitute", "cpu"}
     names = {n for c in cfgs for n in preset_names(c).split(",") if n}
@@ -40,7 +44,10 @@ def test_default_grid_has_37_distinct_configs_per_budget_with_every_preset():
     # nothing is ever cached under cpu without pinning: one replay, kept once (under lru), not five times
     assert [c.eviction for c in cfgs if c.miss == "cpu" and never_cached(c)] == ["lru"]
     assert {c.eviction for c in cfgs if c.miss == "cpu"} == {"lru", "static", "static-layers"}
-    assert len(configs(Grid(budgets=[0.125, 0.25, 0.5]))) == 111
+    assert len(configs(Grid(budgets=[0.125, 0.25, 0.5]))) == 120
+    # a prefetch axis replaces the variants: every eviction x miss x admission x prefetch
+    axis = configs(Grid(budgets=[0.25], evictions=["lru"], misses=["fetch-all"], prefetches=["none", "oracle"]))
+    assert [c.label() for c in axis if c.prefetch != "none"] == ["lru / fetch-all / 0.25 budget / pf oracle"]
 
 
 def test_every_group_has_the_one_baseline():
@@ -50,7 +57,8 @@ def test_every_group_has_the_one_baseline():
         assert baseline_of(c).key() in keys
     # the presets came along; the baseline is the fetch-all preset, not fetch-all under each eviction
     assert {preset_names(c) for c in cfgs} >= {"quality-first", "speed-first", "fetch-all", "llama.cpp"}
-    assert {(c.eviction, c.miss) for c in cfgs if c.miss == "fetch-all"} == {("lru", "fetch-all")}
+    fetch_all = {(c.eviction, c.miss) for c in cfgs if c.miss == "fetch-all" and c.prefetch == "none"}
+    assert fetch_all == {("lru", "fetch-all")}
     # another baseline is added to the grid instead
     cfgs = configs(Grid(budgets=[0.25], evictions=["belady"], misses=["first-choice"], admits=[0.5], presets=False,
                         baseline="freq/fetch-all"))

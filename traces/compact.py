@@ -16,7 +16,7 @@ import numpy as np
 
 from moesim.errors import MoesimError
 from moesim.traces.reader import TraceFile
-from moesim.traces.routing import _gate_inputs
+from moesim.traces.routing import _gate_inputs, read_lookahead
 from moesim.traces.writer import DEFAULT_ROW_GROUP, TraceWriter
 
 MAX_SCALE_BITS = 24  # logits on a grid of 2^-p, p <= 24, are stored as integer gaps
@@ -63,9 +63,13 @@ def compact_trace(src: str | os.PathLike | TraceFile, dst: str | os.PathLike, *,
                               "float32 gate logits")
     scale = None if bits is None or bits < 0 else 2.0 ** -bits
     out_meta = meta.replace(layout="ranked", logit_scale=scale, schema_version=2)
+    look = None
+    if "lookahead" in tf.columns:
+        look = read_lookahead(tf, idx.target).reshape(-1, meta.top_k)
     writer = TraceWriter(dst, out_meta, domains=keys.domain_names if keys.domain is not None else None,
                          token=keys.token is not None, selected=explicit_sel, weights=has_w,
-                         row_group_size=row_group_size, compression_level=compression_level, inputs=(tf.path,))
+                         row_group_size=row_group_size, compression_level=compression_level, inputs=(tf.path,),
+                         lookahead=look is not None)
     phases = np.array(["prefill", "decode", "decode"])  # codes 0, 1; -1 (counts only) never here
     with writer:
         for rows, g in _gate_inputs(tf, layer_ord):
@@ -86,6 +90,8 @@ def compact_trace(src: str | os.PathLike | TraceFile, dst: str | os.PathLike, *,
                 extra["domain"] = np.asarray(keys.domain_names, dtype=object)[d]
             if keys.token is not None:
                 extra["token"] = keys.token[rows]
+            if look is not None:
+                extra["lookahead"] = look[idx.target[rows]]
             writer.write(seq=keys.seq[rows], pos=keys.pos[rows], layer=keys.layer[rows],
                          phase=phases[keys.phase[rows]], ranked_ids=g.ranked, **extra)
     return Path(dst)

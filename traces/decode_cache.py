@@ -52,14 +52,18 @@ def load_decoded(source, candidates: int | None = None):
             with np.load(path, allow_pickle=False) as z:
                 arrs = {k: z[k] for k in _ARRAYS}
                 token = z["token"] if "token" in z.files else None
+                look = z["lookahead"] if "lookahead" in z.files else None
                 names = [str(x) for x in z["domain_names"]]
-            return Routing(meta=tf.meta, domain_names=names, token=token, digest=tf.digest, path=tf.path, **arrs)
+            return Routing(meta=tf.meta, domain_names=names, token=token, lookahead=look, digest=tf.digest,
+                           path=tf.path, **arrs)
         except Exception:  # damaged or foreign: decode again and overwrite
             path.unlink(missing_ok=True)
     r = decode(tf, candidates=candidates)
     arrs = {k: getattr(r, k) for k in _ARRAYS}
     if r.token is not None:
         arrs["token"] = r.token
+    if r.lookahead is not None:
+        arrs["lookahead"] = r.lookahead
     if sum(a.nbytes for a in arrs.values()) <= MAX_BYTES:
         try:
             with atomic(path) as tmp, open(tmp, "wb") as f:

@@ -98,8 +98,8 @@ class TraceFile:
             raise MoesimError(f"{self.path}: missing column(s) {', '.join(missing)} for a {self.meta.layout} trace")
         m, k, e = self.meta.n_candidates, self.meta.top_k, self.meta.n_experts
         widths = {"logits": e, "top_ids": m, "top_logits": m, "selected": k, "weights": k, "counts": e,
-                  "gate_logits": k}
-        integral = {"top_ids", "selected", "counts"}
+                  "gate_logits": k, "lookahead": k}
+        integral = {"top_ids", "selected", "counts", "lookahead"}
         for name, width in widths.items():
             if name not in names:
                 continue
@@ -118,7 +118,7 @@ class TraceFile:
         if self.meta.layout == "ranked":
             self._check_ranked(names)
         if self.meta.layout == "counts":
-            extra = [c for c in ("selected", "weights", "logits", "top_ids", "top_logits") if c in names]
+            extra = [c for c in ("selected", "weights", "logits", "top_ids", "top_logits", "lookahead") if c in names]
             if extra:
                 raise MoesimError(f"{self.path}: a counts (frequency-only) trace cannot have "
                                   f"column(s) {', '.join(extra)}")

@@ -24,6 +24,9 @@ class Routing:
     - ``sel`` [T, L, k] int16: the selected experts, rank 0 (highest gate weight) first;
     - ``w`` [T, L, k] float32: their gate weights, normalized to sum to 1;
     - ``cand`` [T, L, M] int16: the scored experts, best selection score first;
+    - ``lookahead`` [T, L, k] int16 or None: the experts MoE layer l+1's router selects when applied
+      to layer l's input, rank order; -1 where unknown (all of the last layer); None when the trace
+      has no ``lookahead`` column;
     - per token: ``seq``, ``pos``, ``phase`` (codes into PHASES), ``domain``
       (codes into ``domain_names``, -1 for none), ``token`` (ids or None).
     """
@@ -38,6 +41,7 @@ class Routing:
     sel: np.ndarray
     w: np.ndarray
     cand: np.ndarray
+    lookahead: np.ndarray | None = None
     digest: str = ""
     path: Path | None = None
     _memo: dict = field(default_factory=dict, repr=False)
@@ -136,6 +140,7 @@ def decode(tf: TraceFile, *, candidates: int | None = None) -> Routing:
         sel[tgt] = s_ord
         w[tgt] = w_ord
 
+    look = read_lookahead(tf, idx.target) if "lookahead" in tf.columns else None
     tok = idx.tok_rows
     return Routing(
         meta=meta,
@@ -148,9 +153,32 @@ def decode(tf: TraceFile, *, candidates: int | None = None) -> Routing:
         sel=sel.reshape(T, L, k),
         w=w.reshape(T, L, k),
         cand=cand.reshape(T, L, M),
+        lookahead=look,
         digest=tf.digest,
         path=tf.path,
     )
+
+
+def read_lookahead(tf: TraceFile, target: np.ndarray, row_groups: list[int] | None = None) -> np.ndarray:
+    """The ``lookahead`` column as int16 [T, L, k] (slots ``target`` of the file's rows), -1 where
+    null and on the last MoE layer, whose next layer does not exist; checked like ``selected``."""
+    meta = tf.meta
+    L, k, E = meta.n_layers, meta.top_k, meta.n_experts
+    T = (int(target.max()) // L + 1) if len(target) else 0
+    out = np.full((T * L, k), -1, dtype=np.int16)
+    for start, _, batch in tf.iter_group_batches(["lookahead"], row_groups=row_groups):
+        col = batch.column("lookahead")
+        n = len(col)
+        valid = ~col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.ones(n, dtype=bool)
+        flat = col.flatten() if not col.null_count else col.filter(pa.array(valid)).flatten()
+        if flat.null_count or len(flat) != int(valid.sum()) * k:
+            raise MoesimError(f"{tf.path}: column lookahead has missing values inside a row")
+        ids = flat.to_numpy(zero_copy_only=False).astype(np.int64).reshape(-1, k)
+        _check_ids(ids, E, "lookahead", tf.path)
+        out[target[start:start + n][valid]] = ids
+    look = out.reshape(T, L, k)
+    look[:, L - 1] = -1
+    return look
 
 
 def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
@@ -331,6 +359,8 @@ def validate_trace(path: str | os.PathLike | TraceFile) -> dict:
                 "steps": int(counts.sum()) // meta.top_k, "frequency_only": True}
     for _ in _decoded_batches(tf, idx.target % meta.n_layers):
         pass
+    if "lookahead" in tf.columns:
+        read_lookahead(tf, idx.target)
     return {"tokens": idx.n_tokens, "requests": None, "layers": meta.n_layers,
             "steps": idx.n_tokens * meta.n_layers, "frequency_only": False}
 

@@ -44,7 +44,7 @@ def gate_column(meta: TraceMeta, weights: bool) -> str | None:
 
 
 def arrow_schema(meta: TraceMeta, *, domain: bool, token: bool, selected: bool, weights: bool,
-                 phase: bool = True) -> pa.Schema:
+                 phase: bool = True, lookahead: bool = False) -> pa.Schema:
     fields = [
         pa.field("seq", pa.int32(), nullable=False),
         pa.field("pos", pa.int32(), nullable=False),
@@ -83,4 +83,7 @@ def arrow_schema(meta: TraceMeta, *, domain: bool, token: bool, selected: bool, 
         fields.append(pa.field("selected", pa.list_(pa.int16(), meta.top_k), nullable=False))
     if weights:
         fields.append(pa.field("weights", pa.list_(pa.float32(), meta.top_k), nullable=False))
+    if lookahead:
+        # the next MoE layer's router applied to this layer's input; null where unknown (the last layer)
+        fields.append(pa.field("lookahead", pa.list_(pa.int16(), meta.top_k)))
     return pa.schema(fields, metadata={METADATA_KEY: meta.to_json().encode()})

@@ -9,6 +9,10 @@ functions at the 65,536 bucket centres u = (i + 0.5) / 65536: a table lookup the
 vectorize. The discrete draws match the continuous ones to ~1e-4 in the bulk (the logits' grid is
 1/32); the extreme buckets stand for the tails, so a normal is within +-4.33 and a Gumbel below
 11.79 (each bound passed with probability 7.6e-6 by the continuous law).
+
+Layer coupling (knob ``couple``): ``linked_draws`` first resolves, per (token, layer, expert), whose
+random bits the element uses (its own, or, with probability ``couple``, those its predecessor at the
+previous layer uses), a chunk of tokens at a time in parallel over tokens; ``generate`` then reads them.
 """
 
 import math
@@ -42,9 +46,64 @@ def _mix(x):
 
 
 @njit(cache=True, parallel=True, nogil=True)
+def linked_draws(key, t0, n_layers, pred, link16, out):
+    """Layer coupling: the random bits of tokens t0 .. t0 + c - 1 (out [c, L, E] uint32: the 16 bits of
+    the normal, then the 16 of the Gumbel). With probability link16 / 65536 (the draw's low 16 bits
+    decide) the bits of (t, l, e) are those of (t, l - 1, pred[l, e]), recursively; pred[l] is a
+    permutation, so every layer's draws stay independent normals and Gumbels, as without coupling."""
+    c = out.shape[0]
+    L = n_layers
+    E = out.shape[2]
+    link = np.uint64(link16)
+    for i in prange(c):
+        linked = np.empty(E, np.bool_)
+        for l in range(L):
+            ctr = key + np.uint64(((t0 + i) * L + l) * E) * GOLDEN
+            for e in range(E):  # no branches: vectorizes
+                x = _mix(ctr + np.uint64(e) * GOLDEN)
+                lo, hi = (x >> np.uint64(16)) & np.uint64(0xFFFF), x >> np.uint64(48)
+                out[i, l, e] = np.uint32(lo | (hi << np.uint64(16)))
+                linked[e] = (x & np.uint64(0xFFFF)) < link
+            if l > 0:  # layer 0 has no predecessor
+                for e in range(E):
+                    if linked[e]:
+                        out[i, l, e] = out[i, l - 1, pred[l, e]]
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def lookahead_rows(ids, q, k, n_layers, t0, key, noise_q, gtab, out):
+    """The synthetic lookahead column of token-major rows [c * L] starting at token t0 (out [c * L, k]):
+    per row the k best of the next layer's candidates ``ids`` after adding Gumbel noise (``noise_q``
+    times a standard Gumbel, in the integer logit units of ``q``) to their logits, in rank order (equal
+    scores: lower rank first); -1 on the last layer. The noise of (row r, candidate j) is a counter-based
+    draw, independent of chunking."""
+    n, M = ids.shape
+    L = n_layers
+    for r in prange(n):
+        if r % L == L - 1:
+            for j in range(k):
+                out[r, j] = -1
+            continue
+        src = r + 1
+        ctr = key + np.uint64((t0 * L + src) * M) * GOLDEN
+        sc = np.empty(M, np.float32)
+        for j in range(M):
+            x = _mix(ctr + np.uint64(j) * GOLDEN)
+            sc[j] = np.float32(q[src, j]) + noise_q * gtab[x >> np.uint64(48)]
+        for j in range(k):
+            b = 0
+            for jj in range(1, M):
+                if sc[jj] > sc[b]:
+                    b = jj
+            out[r, j] = ids[src, b]
+            sc[b] = -np.inf
+
+
+@njit(cache=True, parallel=True, nogil=True)
 def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset, inv_grid,
-             ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse):
+             ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, draws):
     """Tokens t0 .. t0 + c - 1 (c = len(dom)); z [L, E] is the drift state, carried between calls.
+    ``draws`` [c, L, E] (linked_draws) replaces the per-element random bits when not empty (coupled layers).
 
     Per (token, layer) row (r = i * L + l), ``keys[r, :counts[r]]`` are int32 keys
     ((QMAX - q) << ID_BITS | e, smaller is better) that include the row's ``m`` best; thr [L] is
@@ -55,6 +114,7 @@ def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, 
     E = base.shape[2]
     full = qfull.shape[0] > 0
     want_lse = lse.shape[0] > 0
+    linked = draws.shape[0] > 0
     target = (m + width) // 2
     for l in prange(L):
         q = np.empty(E, np.int32)
@@ -66,17 +126,30 @@ def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, 
             a = drift if newseq[i] else rho  # a new sequence starts from the drift's stationary law
             b = drift if newseq[i] else innov
             keep = np.float32(0.0) if newseq[i] else np.float32(1.0)
-            for e in range(E):  # no branches: vectorizes
-                x = _mix(ctr + np.uint64(e) * GOLDEN)
-                nrm = ntab[(x >> np.uint64(16)) & np.uint64(0xFFFF)]
-                g = gtab[x >> np.uint64(48)]
-                zz = keep * a * z[l, e] + b * nrm
-                z[l, e] = zz
-                s = (base[d, l, e] + zz + noise * g) * inv_temp + offset
-                qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
-                qi = np.int32(qq)
-                q[e] = qi
-                kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
+            if linked:
+                for e in range(E):  # no branches: vectorizes
+                    v = draws[i, l, e]
+                    nrm = ntab[v & np.uint32(0xFFFF)]
+                    g = gtab[v >> np.uint32(16)]
+                    zz = keep * a * z[l, e] + b * nrm
+                    z[l, e] = zz
+                    s = (base[d, l, e] + zz + noise * g) * inv_temp + offset
+                    qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
+                    qi = np.int32(qq)
+                    q[e] = qi
+                    kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
+            else:
+                for e in range(E):  # no branches: vectorizes
+                    x = _mix(ctr + np.uint64(e) * GOLDEN)
+                    nrm = ntab[(x >> np.uint64(16)) & np.uint64(0xFFFF)]
+                    g = gtab[x >> np.uint64(48)]
+                    zz = keep * a * z[l, e] + b * nrm
+                    z[l, e] = zz
+                    s = (base[d, l, e] + zz + noise * g) * inv_temp + offset
+                    qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
+                    qi = np.int32(qq)
+                    q[e] = qi
+                    kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
             th = thr[l]
             n_in = 0
             for e in range(E):  # the keys under the layer's threshold, branch-free

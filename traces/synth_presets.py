@@ -35,6 +35,11 @@ class RoutingKnobs:
     offset: float = 0.0  # added to stored logits (sets where sigmoid gating saturates)
     grid: float = 1.0 / 32  # stored logits are multiples of this (power of two: exact, compresses well)
     candidates: int = 32  # M, scored experts stored per row (capped at E)
+    # layer coupling: probability that an expert's random draws at layer l+1 (drift innovation and noise)
+    # are its predecessor's at layer l, this token (generator 2 only; 0: layers independent)
+    couple: float = 0.0
+    # --lookahead: Gumbel noise (logit units) on the next layer's candidates before taking their top-k
+    lookahead_noise: float = 0.25
     default_domains: tuple[str, ...] = ("code", "prose", "math", "medical")
 
     def domain(self, name: str) -> DomainKnobs:
@@ -62,6 +67,8 @@ _QWEN3_30B = RoutingKnobs(
     default_domain=DomainKnobs(zipf=0.88),
     topic_len=22.0, rho=0.81, drift=1.04,
     candidates=32,
+    # layer coupling, calibrated to the real FLAME-MoE-290M routing (docs/coupling.md)
+    couple=0.9,
 )
 
 

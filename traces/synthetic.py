@@ -2,7 +2,8 @@
 
 Per (layer, domain) a fixed popularity score for each expert; per sequence a sticky
 state (an AR(1) drift of every expert's score) that makes experts persist across tokens;
-per token independent Gumbel noise. The router's logits are that score over a temperature,
+per token independent Gumbel noise, shared with probability ``couple`` between an expert and its
+successor at the next layer (layer coupling). The router's logits are that score over a temperature,
 quantized to a coarse grid; the trace stores the best M of them plus the exact
 log-sum-exp over all E, computed from the same full logits.
 """
@@ -28,6 +29,7 @@ GENERATOR_VERSION = 2
 GENERATORS = (1, 2)  # 1: the original numpy generator, kept to rebuild traces it made
 CHUNK_TOKENS = 64  # generator 1: tokens per block; fixed, so the random stream never depends on memory
 CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per kernel call (any size: same trace)
+LINKED_DRAWS = 2 << 20  # generator 2 with layer coupling: at most this many linked draws per call (4 bytes each: 8 MB)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -169,7 +171,7 @@ def log_sum_exp(x: np.ndarray) -> np.ndarray:
 
 
 def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0, layout="ranked",
-                 generator=GENERATOR_VERSION) -> str:
+                 generator=GENERATOR_VERSION, lookahead=False) -> str:
     parts = ["moesim synth", f"--preset {preset}", f"--tokens {tokens}", f"--seqs {seqs}", f"--seed {seed}"]
     if domains is not None:
         parts.append(f"--domains {','.join(domains) if domains else 'none'}")
@@ -181,6 +183,8 @@ def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, pre
         parts.append(f"--layout {layout}")
     if generator != GENERATOR_VERSION:
         parts.append(f"--generator {generator}")
+    if lookahead:
+        parts.append("--lookahead")
     parts.append(f"-o {path}")
     return " ".join(parts)
 
@@ -191,7 +195,7 @@ LAYOUTS = ("ranked", "sparse")
 def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: list[str] | None = None,
                path: str | os.PathLike = "synthetic.parquet", *, candidates: int | None = None, prefill: int = 0,
                knobs: RoutingKnobs | None = None, command: str | None = None, layout: str = "ranked",
-               generator: int = GENERATOR_VERSION) -> Path:
+               generator: int = GENERATOR_VERSION, lookahead: bool = False) -> Path:
     """Write a synthetic trace and return its path: the compact ``ranked`` layout (the default:
     ranked candidates and the gate logits as gaps on the knobs' grid) or the ``sparse`` layout
     (every candidate's logit and the log-sum-exp over all E; same routing, same replays).
@@ -201,7 +205,8 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     positions of every sequence are marked phase 'prefill', the rest 'decode'.
     ``knobs`` overrides the preset's routing knobs (calibration experiments). ``generator`` 1 is the
     original numpy implementation (same model, other random numbers, ~10x slower), kept so that
-    traces it wrote can be rebuilt byte for byte."""
+    traces it wrote can be rebuilt byte for byte. ``lookahead``: also write the lookahead column, a noisy
+    copy of the next layer's selection (knob ``lookahead_noise``)."""
     from moesim import __version__
     from moesim.costmodel.models import load_model
 
@@ -213,6 +218,8 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     tokens, seqs, seed, prefill = int(tokens), int(seqs), int(seed), int(prefill)
     model = load_model(preset)
     kn = knobs if knobs is not None else PRESETS[preset]
+    if generator == 1 and kn.couple:
+        kn = kn.replace(couple=0.0)  # generator 1 predates layer coupling (its traces have none)
     L, E, k = len(model.moe_layers), model.n_experts, model.top_k
     M = min(E, kn.candidates) if candidates is None else int(candidates)
     M = max(M, k) if candidates is None else M
@@ -243,7 +250,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
             "preset": preset, "tokens": tokens, "seqs": seqs, "seed": seed,
             "domains": use_domains, "prefill": prefill, "candidates": M,
             "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill,
-                                               layout, generator),
+                                               layout, generator, lookahead),
             "generator": generator, "knobs": kn.to_dict(),
             "note": "synthetic routing from a generative model calibrated to published statistics; "
                     "not recorded from the model",
@@ -252,9 +259,10 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     layers = np.asarray(model.moe_layers, dtype=np.int16)
     phase_codes = np.where(pos < prefill, 0, 1).astype(np.int8)  # codes into PHASES
     chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked) if generator == 1 \
-        else _ahead(_chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
+        else _ahead(_chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights))
+    look_key = np.uint64(_rng(seed, "lookahead").integers(0, 2**63))
     with TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
-                     weights=sigmoid, compression_level=3 if ranked else 9) as writer:
+                     weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
         for rows, ids, top_q, q_full, lse in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
@@ -262,6 +270,9 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
                 x = q_full.astype(np.float64) * kn.grid
                 sel, w = _sigmoid_route(x, k, model.n_group, model.topk_group, model.routed_scaling_factor)
                 extra = {"selected": sel, "weights": w}
+            if lookahead:
+                extra["lookahead"] = lookahead_ids(ids, top_q, k, L, rows.start, look_key, kn.lookahead_noise,
+                                                   kn.grid)
             if with_column:
                 extra["domain"] = np.repeat(dom[rows], L)
             if ranked:
@@ -287,7 +298,8 @@ def _chunks_v1(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
         yield rows, ids, top_q, q if full else None, log_sum_exp(q * kn.grid) if lse else None
 
 
-def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool):
+def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool,
+               weights: np.ndarray):
     """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
     jitted and parallel over layers; same yields as _chunks_v1."""
     from moesim.jitcache import jitted
@@ -308,9 +320,15 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
     z = np.zeros((L, E), dtype=np.float32)
     width = min(E + 1, M + 24)
     thr = np.full(L, np.iinfo(np.int32).max, dtype=np.int32)
+    pred, link16 = coupling_links(base, weights, kn.couple)
     chunk = max(1, CHUNK_ROWS_2 // L)
+    if link16:
+        chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))  # the linked draws [c, L, E] stay in the CPU cache
     for start in range(0, T, chunk):
         c = min(chunk, T - start)
+        draws = np.empty((c, L, E) if link16 else (0, 0, 0), dtype=np.uint32)
+        if link16:
+            kern.linked_draws(key, start, L, pred, link16, draws)
         keys = np.empty((c * L, width), dtype=np.int32)
         counts = np.empty(c * L, dtype=np.int32)
         q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
@@ -318,10 +336,44 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
         f32 = np.float32
         kern.generate(key, start, L, base, dom[start:start + c].astype(np.int64), newseq[start:start + c], z,
                       f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
-                      f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out)
+                      f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out,
+                      draws)
         keys.sort(axis=1)  # numpy's vectorized sort of the ~M + 12 candidates per row
         ids, top_q = kern.unpack_keys(keys, M)
         yield slice(start, start + c), ids, top_q, q_full if full else None, lse_out if lse else None
+
+
+def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, key, noise: float,
+                  grid: float) -> np.ndarray:
+    """The synthetic lookahead column of the token-major rows [c * L] that start at token t0: per row the
+    k best of the next layer's M candidates after adding Gumbel(0, ``noise``) noise to their logits
+    (traces/synth_kernel.py lookahead_rows), -1 on the last layer."""
+    from moesim.jitcache import jitted
+
+    out = np.empty((ids.shape[0], k), dtype=np.int16)
+    jitted("moesim.traces.synth_kernel").lookahead_rows(
+        ids, top_q, k, L, t0, np.uint64(key), np.float32(noise / grid), _quantile_tables()[1], out)
+    return out
+
+
+def coupling_links(base: np.ndarray, weights: np.ndarray, couple: float) -> tuple[np.ndarray, int]:
+    """(pred [L, E] int32, link threshold in 1/65536): expert e at layer l >= 1 is the successor of
+    expert pred[l, e] at layer l-1 and takes its random draws with probability ``couple``. Successor and
+    predecessor have the same rank in their layers' popularity (base [D, L, E] averaged over the domains by
+    their weights), so a successor is about as popular as its predecessor; every layer keeps its own
+    popularity."""
+    if not 0.0 <= couple <= 1.0:
+        raise MoesimError(f"couple must be a probability in [0, 1], got {couple}")
+    _, L, E = base.shape
+    link16 = int(round(couple * 65536))
+    pred = np.zeros((L, E), dtype=np.int32)
+    if link16 == 0:
+        return pred, 0
+    pop = np.tensordot(weights / weights.sum(), base.astype(np.float64), axes=1)  # [L, E]
+    order = np.argsort(-pop, axis=1, kind="stable")
+    for lay in range(1, L):
+        pred[lay, order[lay]] = order[lay - 1]
+    return pred, link16
 
 
 def _ahead(chunks, depth: int = 2):

@@ -44,7 +44,7 @@ class TraceWriter:
     def __init__(self, path: str | os.PathLike, meta: TraceMeta, *, domains: list[str] | None = None,
                  token: bool = False, selected: bool = False, weights: bool = False,
                  row_group_size: int = DEFAULT_ROW_GROUP, phase: bool = True, inputs=(),
-                 compression_level: int = 9):
+                 compression_level: int = 9, lookahead: bool = False):
         self.path = Path(path)
         self.meta = meta
         self.domains = list(domains) if domains else None
@@ -54,13 +54,17 @@ class TraceWriter:
             raise MoesimError("a counts (frequency-only) trace has no selected, weights or token columns")
         if row_group_size < 1:
             raise MoesimError(f"row_group_size must be >= 1, got {row_group_size}")
+        if lookahead and meta.layout == "counts":
+            raise MoesimError("a counts (frequency-only) trace has no lookahead column")
         if meta.logit_scale is not None and selected:
             raise MoesimError("gate gaps (logit_scale) are the first-ranked experts' logits: a trace with its own "
                               "selected column stores gate_logits or weights instead")
         self.has_token, self.has_selected, self.has_weights = token, selected, weights
+        self.has_lookahead = lookahead
         self.has_phase = phase or meta.layout != "counts"
         self.schema = arrow_schema(meta, domain=self.domains is not None, token=token,
-                                   selected=selected, weights=weights, phase=self.has_phase)
+                                   selected=selected, weights=weights, phase=self.has_phase,
+                                   lookahead=lookahead)
         self.row_group_size = row_group_size
         self._layer_ok = np.zeros(max(meta.moe_layers) + 1, dtype=bool)
         self._layer_ok[list(meta.moe_layers)] = True
@@ -96,24 +100,27 @@ class TraceWriter:
 
     def write(self, *, seq, pos, layer, phase="decode", logits=None, top_ids=None, top_logits=None, lse=None,
               counts=None, domain=None, token=None, selected=None, weights=None, ranked_ids=None, gate_gaps=None,
-              gate_logits=None) -> None:
+              gate_logits=None, lookahead=None) -> None:
         """Append rows. ``phase``/``domain`` are a name for all rows, an array of names
         (``domain`` names must be among the writer's ``domains``) or an integer array of codes
         into PHASES / the writer's ``domains``. Cheap checks run here
         (lengths, layers, expert ids, finite scores) so a tracer bug fails at the source.
         Ranked layout: ``ranked_ids`` [n, M] best first (ties already broken), and ``gate_gaps``
         [n, k-1] (integer logit gaps between consecutive first-ranked experts, in logit_scale
-        units) or ``gate_logits`` [n, k] (of ``selected`` when given, else of the k first-ranked)."""
+        units) or ``gate_logits`` [n, k] (of ``selected`` when given, else of the k first-ranked).
+        ``lookahead`` [n, k]: the experts the next MoE layer's router selects from this row's input,
+        in rank order; a row of -1 is stored as null (unknown: the last MoE layer)."""
         seq = np.asarray(seq).reshape(-1)
         n = len(seq)
         layout = self.meta.layout
         given = {"logits": logits, "top_ids": top_ids, "top_logits": top_logits, "lse": lse, "counts": counts,
                  "token": token, "selected": selected, "weights": weights, "ranked_ids": ranked_ids,
-                 "gate_gaps": gate_gaps, "gate_logits": gate_logits}
+                 "gate_gaps": gate_gaps, "gate_logits": gate_logits, "lookahead": lookahead}
         wanted = {"dense": {"logits"}, "sparse": {"top_ids", "top_logits", "lse"}, "counts": {"counts"},
                   "ranked": {"ranked_ids"} | ({self._gate} if self._gate else set())}[layout]
         wanted |= {name for name, on in (("token", self.has_token), ("selected", self.has_selected),
-                                         ("weights", self.has_weights)) if on}
+                                         ("weights", self.has_weights), ("lookahead", self.has_lookahead))
+                   if on}
         for name, value in given.items():
             if value is None and name in wanted:
                 raise MoesimError(f"write() needs {name} for this trace ({layout} layout)")
@@ -169,6 +176,8 @@ class TraceWriter:
             cols["selected"] = _fixed_list(self._ids(selected, n, "selected"), self.meta.top_k, np.int16)
         if self.has_weights:
             cols["weights"] = _fixed_list(self._finite(weights, n, "weights"), self.meta.top_k, np.float32)
+        if self.has_lookahead:
+            cols["lookahead"] = self._lookahead(lookahead, n)
         batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self._buf_schema], schema=self._buf_schema)
         self._buf.append(batch)
         self._buffered += n
@@ -209,6 +218,22 @@ class TraceWriter:
         if a.size and (a.min() < 0 or a.max() >= self.meta.n_experts):
             raise MoesimError(f"{what} holds expert ids outside 0..{self.meta.n_experts - 1}")
         return a
+
+    def _lookahead(self, ids, n: int) -> pa.FixedSizeListArray:
+        a = np.asarray(ids)
+        k = self.meta.top_k
+        if a.ndim != 2 or a.shape != (n, k) or (a.size and a.dtype.kind not in "iu"):
+            raise MoesimError(f"lookahead must be integer expert ids, k={k} per row, got an array of shape {a.shape}")
+        unknown = np.asarray((a < 0).all(axis=1), dtype=bool)
+        if ((a < 0) & ~unknown[:, None]).any() or (a.size and a.max() >= self.meta.n_experts):
+            raise MoesimError(f"lookahead holds expert ids outside 0..{self.meta.n_experts - 1} "
+                              "(a row of -1 means unknown)")
+        srt = np.sort(a[~unknown], axis=1)
+        if (srt[:, 1:] == srt[:, :-1]).any():
+            raise MoesimError("lookahead repeats an expert within a row")
+        flat = pa.array(np.ascontiguousarray(np.where(unknown[:, None], 0, a), dtype=np.int16).reshape(-1))
+        mask = pa.array(unknown) if unknown.any() else None
+        return pa.FixedSizeListArray.from_arrays(flat, k, mask=mask)
 
     @staticmethod
     def _finite(values, n: int | None, what: str) -> np.ndarray:

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("moesim.cli.info", "Describe a trace: model, geometry, tokens, layout, provenance."),
     "validate": ("moesim.cli.info", "Read a whole trace and check every row."),
     "profile": ("moesim.cli.profile", "Routing statistics: reuse, working set, domains, gate weights."),
+    "coupling": ("moesim.cli.coupling", "How well one MoE layer's experts predict the next layer's (prefetching)."),
     "synth": ("moesim.cli.synth", "Write a synthetic trace with a real model's geometry."),
     "compact": ("moesim.cli.compact", "Rewrite a trace in the compact ranked layout (same replays, fewer bytes)."),
     "import": ("moesim.cli.importers", "Convert other tools' routing traces to moesim traces."),

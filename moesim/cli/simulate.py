@@ -5,10 +5,12 @@ from __future__ import annotations
 import click
 
 from moesim.cli.output import FORMAT_OPTION, WIDTH, ci_options, echo, echo_json, make_ci
-from moesim.policies import miss, registry
+from moesim.policies import miss, prefetch, registry
 
 EVICTION_HELP = registry.help_text()
 MISS_HELP = miss.help_text()
+PREFETCH_HELP = prefetch.help_text()
+OVERLAPS = prefetch.OVERLAPS
 
 
 def policy_options(f):
@@ -31,6 +33,18 @@ def policy_options(f):
                      help="Empty the cache at each new sequence (default: sequences replay back to back)."),
         click.option("--batch", type=int, default=1, show_default=True,
                      help="Decode B sequences in lock step; each layer reads the union of their experts."),
+        click.option("--prefetch", default="none", show_default=True, help=PREFETCH_HELP),
+        click.option("--prefetch-depth", type=int, default=1, show_default=True, metavar="D",
+                     help="Prefetch for the MoE layer D ahead of the current one (same token)."),
+        click.option("--prefetch-train", type=click.Path(dir_okay=False, path_type=str), default=None,
+                     metavar="TRACE",
+                     help="Learn the next-layer prefetch from this trace (same geometry) instead of the first 10% "
+                          "(at most 10,000) tokens of the replayed one."),
+        click.option("--overlap", type=click.Choice(OVERLAPS), default=None,
+                     help="Copy/compute overlap of the clock: none (each fetch, then its compute), layer (a layer's "
+                          "copies overlap its resident compute; the link is synchronized per layer), cross-layer "
+                          "(copies also run while later layers compute). Default: the engine profile's "
+                          "(docs/replay-semantics.md)."),
         STEP_PIN_OPTION, MAX_UPLOADS_OPTION, LOWBIT_SHARE_OPTION, LOWBIT_QUANT_OPTION,
     ]
     for opt in reversed(opts):
@@ -83,11 +97,13 @@ STREAM_OPTION = click.option(
 
 
 def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-                batch=1, step_pin=False, max_uploads=None, lowbit_share=None, lowbit_quant=None):
+                batch=1, prefetch="none", prefetch_depth=1, prefetch_train=None, overlap=None, step_pin=False,
+                max_uploads=None, lowbit_share=None, lowbit_quant=None):
     from moesim.simulator import SimConfig
 
     return SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                      warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
+                     prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
                      step_pin=bool(step_pin), max_uploads=max_uploads, lowbit_share=lowbit_share,
                      lowbit_quant=lowbit_quant)
 
@@ -105,9 +121,9 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @STREAM_OPTION
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine, per_token, baseline, ci,
-            ci_resamples, ci_unit,
-            ci_method, stream, fmt):
+            batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads, lowbit_share,
+            lowbit_quant, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, stream,
+            fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine, with the speed-up over the baseline (default: the
@@ -122,7 +138,8 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     if per_token:
         check_output(per_token, [trace])
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-                         batch, step_pin, max_uploads, lowbit_share, lowbit_quant)
+                         batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads,
+                         lowbit_share, lowbit_quant)
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
                        ci=intervals, stream=stream)
@@ -201,6 +218,14 @@ def render(doc: dict) -> list[str]:
                           else "may substitute or drop the router's first choice"),
         f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
     ]
+    if doc["config"].get("prefetch", "none") != "none":
+        def pct(x):
+            return "-" if x != x else f"{100 * x:.1f}%"  # NaN: nothing to divide
+
+        lines.append(f"prefetch    {t['prefetches']:,} issued, {t['prefetch_used']:,} used before eviction, "
+                     f"{t['prefetch_late']:,} late: precision {pct(t['prefetch_precision'])} (used / issued), "
+                     f"recall {pct(t['prefetch_recall'])} (used / (used + misses)), "
+                     f"timeliness {pct(t['prefetch_timeliness'])} (1 - late / used)")
     if "timing" in doc:
         tm = doc["timing"]
         by = tm["bytes_per_token"]
@@ -208,8 +233,10 @@ def render(doc: dict) -> list[str]:
             f"time        {_pm(doc, 'ms_per_token', 1e3 * tm['s_per_token'])} ms/token "
             f"({tm['tok_per_s']:.2f} tok/s, {tm['timed_steps']} steps), "
             f"{_pm(doc, 'speedup', doc['speedup'])}x vs {doc['baseline']}",
-            f"priced as   {doc['priced_as']} (quantization {doc['quant_choice']})",
-            f"moved/token link {by['link_sync'] / 1e6:.1f} MB sync + {by['link_background'] / 1e6:.1f} MB background, "
+            f"priced as   {doc['priced_as']} (quantization {doc['quant_choice']}), overlap {tm['overlap']}, "
+            f"stall {1e3 * tm['stall_per_token']:.2f} ms/token",
+            f"moved/token link {by['link_sync'] / 1e6:.1f} MB sync + {by['link_background'] / 1e6:.1f} MB background"
+            + (f" + {by['link_prefetch'] / 1e6:.1f} MB prefetch" if by.get("link_prefetch") else "") + ", "
             f"NVMe {by['nvme'] / 1e6:.1f} MB, CPU {by['cpu'] / 1e6:.1f} MB",
         ]
         if not tm["fits_in_vram"]:

@@ -108,14 +108,22 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
+@click.option("--prefetch", multiple=True, metavar="P",
+              help="Prefetch axis: none, prev-token, next-layer, lookahead, oracle; repeat or comma-separate "
+                   "(default: no prefetch, plus lru + oracle, lru + next-layer and belady + oracle under fetch-all).")
+@click.option("--prefetch-depth", type=int, default=None, metavar="D",
+              help="Prefetch for the MoE layer D ahead (default 1).")
+@click.option("--prefetch-train", type=click.Path(dir_okay=False, path_type=str), default=None, metavar="TRACE",
+              help="Learn the next-layer prefetch from this trace (default: the first 10% of the replayed one).")
+@click.option("--overlap", type=click.Choice(["none", "layer", "cross-layer"]), default=None,
+              help="Copy/compute overlap of the clock (default: each engine profile's; docs/replay-semantics.md).")
 @ci_options
 @STREAM_OPTION
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
             reset_per_sequence, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine, config,
-            output, fmt, jobs, executor,
-            top, baseline,
-            rank_by, max_mass, wide, flush_every, quality, max_dppl, report_dir, ci, ci_resamples, ci_unit,
-            ci_method, stream):
+            output, fmt, jobs, executor, top, baseline, rank_by, max_mass, wide, flush_every, quality, max_dppl,
+            report_dir, prefetch, prefetch_depth, prefetch_train, overlap, ci, ci_resamples, ci_unit, ci_method,
+            stream):
     """Replay TRACE(s) through a grid of cache policies and print them ranked:
     policies that always run the router's first choice first, then by time per
     token (by hit rate when the trace cannot be priced), with the speed-up over
@@ -128,7 +136,9 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     substitute, cpu) x admission (none, 0.5) = 60 combinations, of which 36 are
     replayed per budget (admission where it cannot act, substitute without
     admission, and cpu under every eviction but one are left out, docs/sweep.md),
-    plus the llama.cpp preset (static-layers + cpu): 37 configs. The presets
+    plus the llama.cpp preset (static-layers + cpu) and three prefetch variants
+    under fetch-all (lru + oracle, lru + next-layer, belady + oracle: the lower
+    bound on time per token, named under each table): 40 configs. The presets
     quality-first, speed-first, fetch-all and llama.cpp are always included.
 
     Example: moesim sweep traces/qwen3next.parquet --budget 0.25 -o results.parquet
@@ -145,8 +155,10 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              misses=given(miss), thetas=given(theta), admits=given(admit),
                              allocations=given(allocation), batches=given(batch), warm=warm,
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=given(hw),
-                             model=model, quants=given(quant), engine=engine, baseline=baseline, step_pin=step_pin,
-                             max_uploads=max_uploads, lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)
+                             model=model, quants=given(quant), engine=engine, baseline=baseline,
+                             prefetches=given(prefetch), prefetch_depth=prefetch_depth, prefetch_train=prefetch_train,
+                             overlap=overlap, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
+                             lowbit_quant=lowbit_quant)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)
@@ -171,8 +183,14 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
               "baseline": distinct("baseline"), "priced_as": out.notes, "quant_choice": distinct("quant_choice"),
               "fits_in_vram": bool(df["fits_in_vram"].fill_null(True).all()) if df.height else True,
               "max_mass": max_mass}
-    from moesim.reports.tables import ci_header
+    from moesim.reports.tables import ci_header, lower_bound
 
+    groups: dict[str, list[dict]] = {}
+    for r in df.to_dicts():
+        groups.setdefault(r["group_key"], []).append(r)
+    bounds = [b for b in map(lower_bound, groups.values()) if b is not None]
+    if bounds:
+        header["lower_bound"] = bounds  # belady + oracle prefetch: the lower bound on time per token
     account = ci_header(df)  # rows of -o replayed with --ci keep their intervals in a later run without it
     if account is not None:
         header["ci"] = account

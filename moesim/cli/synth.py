@@ -24,9 +24,12 @@ import click
 @click.option("--generator", type=click.IntRange(1, 2), default=2, show_default=True,
               help="2: the jitted generator; 1: the original numpy one (same model, other random numbers, "
                    "~10x slower), to rebuild traces it made.")
+@click.option("--lookahead", is_flag=True,
+              help="Also write the lookahead column: per row, a noisy copy of the next MoE layer's selection "
+                   "(synthetic; noise calibrated to a traced model, docs/synthetic.md).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=str),
               help="Trace file to write (Parquet).")
-def command(preset, tokens, seqs, seed, domains, candidates, prefill, layout, generator, output):
+def command(preset, tokens, seqs, seed, domains, candidates, prefill, layout, generator, lookahead, output):
     """Write a SYNTHETIC trace: the geometry of a real model, routing from a
     small generative model (per-layer Zipf popularity, domain-specific
     experts with topic switches, sticky experts across tokens, a dominant first
@@ -36,6 +39,7 @@ def command(preset, tokens, seqs, seed, domains, candidates, prefill, layout, ge
 
     # The metadata records the canonical equivalent command line (not argv), so the file is reproducible.
     path = synthesize(preset, tokens, seqs=seqs, seed=seed, domains=parse_domains(domains), path=output,
-                      candidates=candidates, prefill=prefill, layout=layout, generator=generator)
+                      candidates=candidates, prefill=prefill, layout=layout, generator=generator,
+                      lookahead=lookahead)
     echo(f"wrote {path} (synthetic, {preset}, {tokens} tokens in {seqs} sequence(s), seed {seed})")
 

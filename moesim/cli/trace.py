@@ -59,9 +59,12 @@ def command():
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="Weights dtype (auto: as stored in the checkpoint).")
 @click.option("--device", default=None, help="torch device, e.g. cpu or cuda:0 (default: cuda when available).")
+@click.option("--lookahead", is_flag=True,
+              help="Also record, per row, the experts the next MoE layer's router selects when run on this layer's "
+                   "input (the lookahead column a lookahead prefetcher replays; not for MiniMax-M2).")
 @MODEL_ID
 @OUT
-def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype, device, model_id, out):
+def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype, device, lookahead, model_id, out):
     """Trace a local transformers checkpoint MODEL_DIR with PyTorch.
 
     Families: Qwen3-MoE, Qwen3-Next, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3,
@@ -73,7 +76,7 @@ def hf(model_dir, texts, domains, seq_len, max_tokens, candidates, dense, dtype,
     with Progress("tracing") as tick:
         trace_hf(model_dir, texts, out, domains=domains, seq_len=seq_len, max_tokens=max_tokens,
                  candidates=candidates, dense=dense, dtype=dtype, device=device, model_id=model_id,
-                 progress=tick)
+                 lookahead=lookahead, progress=tick)
     _done(out)
 
 

@@ -100,16 +100,21 @@ def hf_model_id(model_dir: str | os.PathLike, config: dict, model_id: str | None
 def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.PathLike, *,
              domains: Sequence[str] | None = None, seq_len: int = 512, max_tokens: int | None = None,
              candidates: int | None = None, dense: bool = False, dtype: str = "auto", device: str | None = None,
-             model_id: str | None = None,
+             model_id: str | None = None, lookahead: bool = False,
              progress: Callable[[int, int], None] | None = None, model=None, tokenizer=None) -> Path:
     """Teacher-forced forward passes of a local checkpoint over ``texts`` in sequences of
     ``seq_len`` tokens; writes the trace ``out``. ``model``/``tokenizer`` skip loading
     (both already built from ``model_dir``). ``progress(done, total)`` is called after
-    each sequence with the tokens done so far and the total to do."""
+    each sequence with the tokens done so far and the total to do. ``lookahead``: also record the
+    lookahead column (the next MoE layer's router on each layer's input)."""
     config = check_model_dir(model_dir)
     check_output(out, [model_dir, *texts])
+    from moesim.traces.tracers.torch_hooks import NO_LOOKAHEAD, record_router
+
+    fam = str(config.get("model_type"))
+    if lookahead and fam in NO_LOOKAHEAD:
+        raise MoesimError(f"--lookahead is not supported for {fam}: {NO_LOOKAHEAD[fam]}")
     torch, _ = import_transformers()
-    from moesim.traces.tracers.torch_hooks import record_router
 
     if model is None or tokenizer is None:
         model, tokenizer = load_local(model_dir, dtype, device)
@@ -121,7 +126,8 @@ def trace_hf(model_dir: str | os.PathLike, texts: Sequence[str], out: str | os.P
     src["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
     mid = hf_model_id(model_dir, config, model_id)
     with torch.inference_mode(), record_router(model, out, model_id=mid, layout="dense" if dense else "sparse",
-                                               candidates=candidates, domains=doms, source=src) as rec:
+                                               candidates=candidates, domains=doms, source=src,
+                                               lookahead=lookahead) as rec:
         done = 0
         for s in seqs:
             rec.domain = s.domain

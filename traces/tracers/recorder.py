@@ -34,6 +34,10 @@ class Capture:
     logits: np.ndarray                   # [n, E] raw router logits (gpt-oss: with the router bias)
     selected: np.ndarray | None = None   # [n, k] the model's chosen experts
     weights: np.ndarray | None = None    # [n, k] their gate weights as the model applies them
+    # the next MoE layer's router applied to this layer's router input (lookahead), same three parts
+    ahead_logits: np.ndarray | None = None
+    ahead_selected: np.ndarray | None = None
+    ahead_weights: np.ndarray | None = None
 
 
 def logsumexp(x: np.ndarray) -> np.ndarray:
@@ -89,7 +93,8 @@ class RouterRecorder:
 
     def __init__(self, path: str | os.PathLike, meta_fields: dict[str, Any], *, layout: str = "sparse",
                  candidates: int | None = None, domains: list[str] | None = None,
-                 selection_bias: dict[int, np.ndarray] | None = None, row_group_size: int | None = None):
+                 selection_bias: dict[int, np.ndarray] | None = None, row_group_size: int | None = None,
+                 lookahead: bool = False):
         if layout not in ("sparse", "dense"):
             raise MoesimError(f"unknown layout {layout!r} (expected sparse or dense)")
         self.path = Path(path)
@@ -99,6 +104,7 @@ class RouterRecorder:
         self.domains = list(dict.fromkeys(domains)) if domains else None
         self.selection_bias = selection_bias or {}
         self.row_group_size = row_group_size
+        self.lookahead = lookahead
         self.meta: TraceMeta | None = None
         self.writer: TraceWriter | None = None
         self.tokens = 0
@@ -133,7 +139,7 @@ class RouterRecorder:
         self._has_w = first.weights is not None
         self.writer = TraceWriter(self.path, self.meta, domains=self.domains, token=has_token,
                                   selected=self._has_sel, weights=self._has_w,
-                                  row_group_size=self.row_group_size or DEFAULT_ROW_GROUP)
+                                  row_group_size=self.row_group_size or DEFAULT_ROW_GROUP, lookahead=self.lookahead)
 
     # -- rows -----------------------------------------------------------------------------------------
     def add(self, *, seq: np.ndarray, pos: np.ndarray, captures: dict[int, Capture], token: np.ndarray | None = None,
@@ -190,6 +196,8 @@ class RouterRecorder:
                 c["selected"] = sel
             if w is not None and self._has_w:
                 c["weights"] = w
+            if self.lookahead:
+                c["lookahead"] = self._ahead(cap, layer, n)
             for name, v in c.items():
                 cols.setdefault(name, []).append(v)
         # [L, n, ...] -> token-major rows [n * L, ...]
@@ -205,6 +213,30 @@ class RouterRecorder:
                           phase=phase if isinstance(phase, str) else list(rep(phase)), **extra, **rows)
         self.tokens += n
         self.sequences.update(np.unique(seq).tolist())
+
+    def _ahead(self, cap: Capture, layer: int, n: int) -> np.ndarray:
+        """[n, k] the lookahead ids of one layer's rows, rank order (by gate weight, as ``sel``); -1 on
+        the last MoE layer. Selected with the next layer's gating and selection bias, as its own rows are."""
+        meta = self.meta
+        assert meta is not None
+        layers = list(meta.moe_layers)
+        i = layers.index(layer)
+        k = meta.top_k
+        if i == len(layers) - 1:
+            return np.full((n, k), -1, dtype=np.int64)
+        if cap.ahead_logits is None:
+            raise MoesimError(f"layer {layer}: no lookahead was captured (the next MoE layer's router did not run "
+                              "on this layer's input)")
+        logits = np.asarray(cap.ahead_logits, dtype=np.float64)
+        if logits.shape != (n, meta.n_experts) or not np.isfinite(logits).all():
+            raise MoesimError(f"layer {layer}: lookahead logits of shape {logits.shape} or not finite")
+        sel, w = cap.ahead_selected, cap.ahead_weights
+        if sel is None or w is None or np.shape(sel) != (n, k) or np.shape(w) != (n, k):
+            nxt = layers[i + 1]
+            bias = self.selection_bias.get(nxt) if meta.selection_bias is not None else None
+            sel, w = derive_selection(logits, meta, bias)
+        s_ord, _ = gating.order_selected(np.asarray(sel, dtype=np.int64), np.asarray(w, dtype=np.float64))
+        return s_ord
 
     def close(self) -> Path:
         if self.writer is None:

@@ -127,7 +127,8 @@ class TorchRecorder:
     """Handle yielded by ``record_router``. Set ``domain`` before a forward pass to label
     its tokens; ``tokens``/``sequences`` count what was recorded so far."""
 
-    def __init__(self, model, rec: RouterRecorder, routers: dict[int, Any], token_ids: bool):
+    def __init__(self, model, rec: RouterRecorder, routers: dict[int, Any], token_ids: bool,
+                 lookahead: bool = False):
         self.model = model
         self.recorder = rec
         self.routers = routers
@@ -140,6 +141,10 @@ class TorchRecorder:
         self._next_seq = 0
         self._open_seqs: list[int] = []
         self._seen: list[int] = []        # tokens already recorded per open sequence
+        order = sorted(routers)
+        # lookahead: each MoE layer's next MoE layer's router, run on this layer's router input
+        self._next = {a: routers[b] for a, b in zip(order, order[1:])} if lookahead else {}
+        self._ahead_running = False
 
     @property
     def tokens(self) -> int:
@@ -190,28 +195,20 @@ class TorchRecorder:
         self._caps = {}
 
     def _router_hook(self, layer: int):
-        torch = _torch()
-
         def hook(module, args, output):
-            if self._pending is None:
-                return  # the router ran outside a forward pass of the traced model
-            if isinstance(output, (tuple, list)):
-                logits = output[0]
-                rest = [o for o in output[1:] if torch.is_tensor(o)]
-            else:
-                logits, rest = output, []
-            logits = logits.detach().float().reshape(-1, logits.shape[-1])
-            sel = w = None
-            ints = [o for o in rest if not o.is_floating_point()]
-            floats = [o for o in rest if o.is_floating_point()]
-            if ints:
-                sel = ints[0].detach().reshape(logits.shape[0], -1).long()
-            if floats and sel is not None:
-                w = floats[0].detach().float().reshape(logits.shape[0], -1)
-                if w.shape[1] == logits.shape[1] and sel.shape[1] != logits.shape[1]:
-                    w = w.gather(1, sel)   # a router that scatters its weights over all E experts
-            self._caps[layer] = Capture(logits.cpu().numpy(), None if sel is None else sel.cpu().numpy(),
-                                        None if w is None else w.cpu().numpy())
+            if self._pending is None or self._ahead_running:
+                return  # outside a forward pass of the traced model, or our own lookahead call
+            logits, sel, w = _router_output(output)
+            cap = Capture(logits, sel, w)
+            nxt = self._next.get(layer)
+            if nxt is not None:
+                self._ahead_running = True
+                try:
+                    a_logits, a_sel, a_w = _router_output(nxt(*args))
+                finally:
+                    self._ahead_running = False
+                cap.ahead_logits, cap.ahead_selected, cap.ahead_weights = a_logits, a_sel, a_w
+            self._caps[layer] = cap
         return hook
 
     def _post(self, module, args, kwargs, output):
@@ -236,14 +233,49 @@ class TorchRecorder:
             if cap.logits.shape[0] != B * S:
                 raise MoesimError(f"layer {layer}: the router saw {cap.logits.shape[0]} rows for a batch of "
                                   f"{B}x{S} tokens")
-            caps[layer] = Capture(cap.logits[keep], None if cap.selected is None else cap.selected[keep],
-                                  None if cap.weights is None else cap.weights[keep])
+            caps[layer] = Capture(*(None if a is None else a[keep] for a in (
+                cap.logits, cap.selected, cap.weights, cap.ahead_logits, cap.ahead_selected, cap.ahead_weights)))
         seq = np.repeat(np.asarray(seqs, dtype=np.int32), S)[keep]
         token = pending["ids"].reshape(-1)[keep] if self._token_ids and pending["ids"] is not None else None
         if self._token_ids and token is None:
             token = np.full(int(keep.sum()), -1, dtype=np.int32)
         self.recorder.add(seq=seq, pos=pos.reshape(-1)[keep], captures=caps, token=token, phase=phase,
                           domain=self.domain)
+
+
+def _router_output(output) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(logits [n, E], selected [n, k] or None, their weights or None) of a router module's output:
+    the logits alone, or (logits, gate weights, selected ids) as the transformers 5 routers return."""
+    torch = _torch()
+    if isinstance(output, (tuple, list)):
+        logits = output[0]
+        rest = [o for o in output[1:] if torch.is_tensor(o)]
+    else:
+        logits, rest = output, []
+    logits = logits.detach().float().reshape(-1, logits.shape[-1])
+    sel = w = None
+    ints = [o for o in rest if not o.is_floating_point()]
+    floats = [o for o in rest if o.is_floating_point()]
+    if ints:
+        sel = ints[0].detach().reshape(logits.shape[0], -1).long()
+    if floats and sel is not None:
+        w = floats[0].detach().float().reshape(logits.shape[0], -1)
+        if w.shape[1] == logits.shape[1] and sel.shape[1] != logits.shape[1]:
+            w = w.gather(1, sel)   # a router that scatters its weights over all E experts
+    return (logits.cpu().numpy(), None if sel is None else sel.cpu().numpy(),
+            None if w is None else w.cpu().numpy())
+
+
+# Families whose router cannot be run on another layer's input by itself: MiniMax-M2's router takes
+# its own MoE block's selection bias as an argument.
+NO_LOOKAHEAD = {"minimax_m2": "its router takes its MoE block's selection bias as an argument"}
+
+
+def check_lookahead(model) -> None:
+    """Refuse ``lookahead`` for a family where the next layer's router cannot run on this layer's input."""
+    fam = str(getattr(getattr(model, "config", None), "model_type", ""))
+    if fam in NO_LOOKAHEAD:
+        raise MoesimError(f"--lookahead is not supported for {fam}: {NO_LOOKAHEAD[fam]}")
 
 
 def trace_fields(model, routers: dict[int, Any], *, model_id: str | None = None, family: str | None = None,
@@ -277,7 +309,7 @@ def trace_fields(model, routers: dict[int, Any], *, model_id: str | None = None,
 def record_router(model, path: str | os.PathLike, *, modules=None, model_id: str | None = None,
                   family: str | None = None, top_k: int | None = None, gating: str | None = None,
                   layout: str = "sparse", candidates: int | None = None, domains: list[str] | None = None,
-                  token_ids: bool = True, source: dict | None = None, **meta_overrides):
+                  token_ids: bool = True, source: dict | None = None, lookahead: bool = False, **meta_overrides):
     """Record the router logits of every forward pass of ``model`` inside the block into
     the trace ``path`` (published when the block exits normally; removed on an error).
 
@@ -285,15 +317,19 @@ def record_router(model, path: str | os.PathLike, *, modules=None, model_id: str
     continues from a KV cache (``past_key_values``/``cache`` holding tokens, as in ``generate``),
     whose tokens are then recorded as decode steps of the same sequences. Padding
     (``attention_mask`` 0) is not recorded. ``modules``: see ``resolve_modules``.
+    ``lookahead``: also record, per row, the experts the next MoE layer's router selects when run on
+    this layer's router input (the ``lookahead`` column, docs/trace-format.md).
     Other keyword arguments override TraceMeta fields (e.g. ``norm_topk_prob``,
     ``bytes_per_expert``, ``n_shared_experts``).
     """
+    if lookahead:
+        check_lookahead(model)
     routers = resolve_modules(model, modules)
     fields, bias = trace_fields(model, routers, model_id=model_id, family=family, top_k=top_k, gating=gating,
                                 source=source, **meta_overrides)
     rec = RouterRecorder(path, fields, layout=layout, candidates=candidates, domains=domains,
-                         selection_bias=bias)
-    handle = TorchRecorder(model, rec, routers, token_ids)
+                         selection_bias=bias, lookahead=lookahead)
+    handle = TorchRecorder(model, rec, routers, token_ids, lookahead=lookahead)
     handle.attach()
     try:
         yield handle
