@@ -9,7 +9,7 @@ gives the equations and what is not modelled.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -90,6 +90,26 @@ class CostParams:
     placement: str = "experts"  # experts | layers (what VRAM holds under this engine)
     has_gpu: bool = True
     overlap: str = "none"  # the engine's copy/compute overlap (the replay clock's default --overlap)
+    # lowbit:Q (a miss fetches a Q-quantized copy): bytes per expert at each quantization the model preset knows, and
+    # the fixed parts of a copy (link + host RAM latency) and of a run from VRAM
+    expert_bytes_by_quant: dict = field(default_factory=dict)
+    s_link_latency: float = 0.0
+    s_vram_latency: float = 0.0
+    vram_bandwidth: float = 0.0
+
+    def lowbit_seconds(self, quant: str) -> tuple[float, float]:
+        """(copy host RAM -> VRAM, run from VRAM) of one expert quantized as ``quant`` (lowbit:Q). The low-bit
+        copies are read from host RAM (they are a fraction of the experts' size); no NVMe tier is modelled."""
+        if quant not in self.expert_bytes_by_quant:
+            raise MoesimError(f"lowbit:{quant}: the model preset {self.model} has no quantization {quant!r} "
+                              f"(known: {', '.join(self.expert_bytes_by_quant)})")
+        b = float(self.expert_bytes_by_quant[quant])
+        if b >= self.bytes_per_expert:
+            raise MoesimError(f"lowbit:{quant}: {quant} experts ({b / 2**20:.2f} MiB) are not smaller than the "
+                              f"replay's {self.quant} experts ({self.bytes_per_expert / 2**20:.2f} MiB)")
+        fetch = 0.0 if self.unified else self.s_link_latency + b / self.link_bandwidth
+        run = self.s_vram_latency + (b / self.vram_bandwidth if self.vram_bandwidth > 0 else 0.0)
+        return fetch, run
 
     def step_seconds(self, n_gpu: float, n_fetch_ram: float = 0, n_fetch_nvme: float = 0, n_cpu_ram: float = 0,
                      n_cpu_nvme: float = 0, batch: int = 1) -> float:
@@ -257,7 +277,8 @@ def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = 
         nvme_bandwidth=nvme_bw, ram_expert_capacity=min(total_experts, max(0, int(ram_left // bpe))),
         engine=e.name, overlap=e.overlap, s_cpu_handoff=s_handoff, s_writeback=s_writeback, s_gpu_layer=s_gpu_layer,
         s_cpu_layer=s_cpu_layer, cpu_bandwidth=cpu_bw, nvme_read_bandwidth=nvme_read_bw, placement=e.placement,
-        has_gpu=h.has_gpu,
+        has_gpu=h.has_gpu, expert_bytes_by_quant={q: m.bytes_per_expert(q) for q in m.quant_names()},
+        s_link_latency=h.link.latency + h.ram.latency, s_vram_latency=h.vram.latency, vram_bandwidth=vram_bw,
     )
 
 

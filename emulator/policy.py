@@ -11,12 +11,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moesim.emulator.quantize import RECIPES
 from moesim.errors import MoesimError
-from moesim.policies.miss import OUTCOME_CPU, OUTCOME_DROP, OUTCOME_FETCH, OUTCOME_HIT, OUTCOME_SUBSTITUTE
+from moesim.policies.miss import (
+    OUTCOME_CPU,
+    OUTCOME_DROP,
+    OUTCOME_FETCH,
+    OUTCOME_HIT,
+    OUTCOME_LOWBIT,
+    OUTCOME_SUBSTITUTE,
+)
 from moesim.simulator import SimConfig, SimResult, simulate
 from moesim.traces.routing import Routing
 
-__all__ = ["OUTCOME_HIT", "OUTCOME_FETCH", "OUTCOME_SUBSTITUTE", "OUTCOME_DROP", "OUTCOME_CPU",
+__all__ = ["OUTCOME_HIT", "OUTCOME_FETCH", "OUTCOME_SUBSTITUTE", "OUTCOME_DROP", "OUTCOME_CPU", "OUTCOME_LOWBIT",
            "LayerDecisions", "check_config", "decide_layer", "combine", "replay"]
 
 
@@ -33,6 +41,12 @@ def check_config(config: SimConfig) -> None:
         raise MoesimError("the emulator needs per-layer pools: with --allocation global a layer's decisions depend "
                           "on the other layers' requests of earlier tokens, which a teacher-forced pass computes "
                           "only after it (emulate with per-layer pools)")
+    if config.low_quant is not None and config.low_quant not in RECIPES:
+        raise MoesimError(f"the emulator computes low-bit experts as {', '.join(RECIPES)} (GGUF block formats); "
+                          f"{config.miss} is not one of them")
+    if config.lowbit_share is not None:
+        raise MoesimError("the emulator replays each layer unpriced, and --lowbit-share sizes its tier by bytes per "
+                          "expert: emulate lowbit:Q without a tier")
     if config.prefetch != "none":
         raise MoesimError("the emulator replays one layer at a time; a prefetch fills a layer's cache from "
                           "another layer's step, so emulate without --prefetch")

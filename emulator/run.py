@@ -3,6 +3,7 @@ open-loop replay, perplexities and counters."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,8 +16,10 @@ import numpy as np
 from moesim.emulator import policy
 from moesim.emulator.hooks import DROP_MODES, RouterTaps, apply_decisions
 from moesim.emulator.layer_routing import Tokens, layer_rows, routing_of, trace_meta
+from moesim.emulator.lowbit import LowbitExperts
 from moesim.emulator.perplexity import dppl_pct, perplexity, token_nll
 from moesim.errors import MoesimError
+from moesim.policies.miss import OUTCOME_LOWBIT
 from moesim.simulator import SimConfig, SimResult
 
 # miss policies that always run the router's first choice (fetch or compute it): the class in which
@@ -74,7 +77,7 @@ class PolicyRun:
     open_loop: SimResult           # the policy replayed on the unmodified model's routing
     routing: object                # the closed-loop Routing
     drift: float                   # fraction of (token, layer) steps whose selected set differs from the open loop
-    emulated: str                  # "forward" or "exact: no substitution or drop in the open loop"
+    emulated: str                  # "forward" or "exact: no substitution, drop or low-bit run in the open loop"
     seconds: float
     outcome: np.ndarray | None = None      # [T, L, k] rank order (policy.OUTCOME_*); None for the shortcut
     substitute: np.ndarray | None = None   # [T, L, k] the expert run instead of a substituted one, else -1
@@ -195,6 +198,7 @@ class Emulator:
         if self.setup.scored_tokens == 0:
             raise MoesimError("the text has fewer than 2 tokens: nothing to score")
         self._baseline = None
+        self._lowbit: LowbitExperts | None = None
 
     # ------------------------------------------------------------------------------------ forward passes
     def _forward(self, config: SimConfig | None, trace_out=None, keep_logits: bool = False):
@@ -220,10 +224,20 @@ class Emulator:
             sub_cols = np.empty_like(d.substitute)
             np.put_along_axis(out_cols, rows.perm, d.outcome, axis=1)
             np.put_along_axis(sub_cols, rows.perm, d.substitute, axis=1)
+            if quant is not None:  # the layer's experts run these requests on their Q-quantized copies
+                low = out_cols == OUTCOME_LOWBIT
+                mask = torch.zeros(ids.reshape(-1, k).shape, dtype=torch.bool, device=ids.device)
+                if low.any():
+                    t, c = np.nonzero(low)
+                    mask[r[torch.as_tensor(t, device=r.device)].to(ids.device), torch.as_tensor(c, device=ids.device)] \
+                        = True
+                lowbit.masks[ordinal] = mask
             return apply_decisions(torch, weights, ids, r, out_cols, sub_cols, self.drop)
 
+        quant = config.low_quant if config is not None else None
+        lowbit = self._lowbit_experts() if quant is not None else None
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), (lowbit(quant) if lowbit is not None else contextlib.nullcontext()):
             if trace_out is not None:
                 out = self._recorded_forward(trace_out, config, handler)
             else:
@@ -234,6 +248,11 @@ class Emulator:
         if any(x is None for x in rows_by_layer):
             raise MoesimError("a MoE router did not run in the forward pass")
         return nll, rows_by_layer, decided, (out.logits if keep_logits else None), seconds
+
+    def _lowbit_experts(self) -> LowbitExperts:
+        if self._lowbit is None:
+            self._lowbit = LowbitExperts(self.torch, self.model, self.routers)
+        return self._lowbit
 
     def _recorded_forward(self, path, config, handler):
         from moesim.traces.tracers.torch_hooks import record_router
@@ -271,9 +290,9 @@ class Emulator:
         t0 = time.perf_counter()
         open_loop = policy.replay(base_routing, config)
         ot = open_loop.totals()
-        if shortcut and trace_out is None and ot["substitutions"] == 0 and ot["drops"] == 0:
+        if shortcut and trace_out is None and ot["substitutions"] == 0 and ot["drops"] == 0 and ot["lowbit"] == 0:
             return PolicyRun(config, perplexity(base_nll), perplexity(base_nll), base_nll, open_loop, open_loop,
-                             base_routing, 0.0, "exact: no substitution or drop in the open loop",
+                             base_routing, 0.0, "exact: no substitution, drop or low-bit run in the open loop",
                              time.perf_counter() - t0, logits=base_logits if keep_logits else None)
         nll, rows, decided, logits, _ = self._forward(config, trace_out=trace_out, keep_logits=keep_logits)
         routing = routing_of(self.meta, self.tokens, rows, list(range(self.L)))

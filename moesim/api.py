@@ -43,7 +43,9 @@ def load_trace(path: str | os.PathLike, *, candidates: int | None = None):
 
 def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, thetas=None, admits=None,
           allocations=None, batches=None, warm: bool | None = None, warmup_tokens: int | None = None,
-          reset_per_sequence: bool | None = None, hw=None, model: str | None = None, quant=None, config=None,
+          reset_per_sequence: bool | None = None, step_pin: bool | None = None, max_uploads: int | None = None,
+          lowbit_share: float | None = None, lowbit_quant: str | None = None, hw=None, model: str | None = None,
+          quant=None, config=None,
           output: str | os.PathLike | None = None, jobs: int | None = None, executor: str = "local",
           top: int | None = None, layers: bool = False, presets: bool = True, baseline: str | None = None,
           rank_by: str = "class", max_mass: float | None = None, ci=None, ci_resamples: int | None = None,
@@ -80,7 +82,8 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=hw,
                              model=model, quants=quant, presets=presets, baseline=baseline, prefetches=prefetches,
                              prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
-                             engine=engine)
+                             engine=engine, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
+                             lowbit_quant=lowbit_quant)
     out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor, rank_by=rank_by,
                     ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     from moesim.sweeps.ranking import select_rows
@@ -94,7 +97,9 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
 def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: float | None = None,
              budget: float | None = None, slots: int | None = None, allocation: str = "per-layer",
              warm: bool = False, warmup_tokens: int = 0, reset_per_sequence: bool = False, batch: int = 1,
-             hw: str | None = None, model: str | None = None, quant: str | None = None, layers: bool = False,
+             step_pin: bool = False, max_uploads: int | None = None, lowbit_share: float | None = None,
+             lowbit_quant: str | None = None, hw: str | None = None, model: str | None = None,
+             quant: str | None = None, layers: bool = False,
              baseline: str = "fetch-all", ci=None, ci_resamples: int | None = None, ci_unit: str = "auto",
              ci_method: str = "rotated", stream: bool | None = None, prefetch: str = "none", prefetch_depth: int = 1,
              prefetch_train: str | None = None, overlap: str | None = None, engine: str | None = None):
@@ -110,7 +115,8 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
         raise MoesimError("give budget= (fraction of experts) or slots= (per layer)")
     config = SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
-                       prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap)
+                       prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
+                       step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
                        ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     return (one.row, one.layers) if layers else one.row

@@ -35,7 +35,7 @@ def eviction_table() -> str:
 def miss_table() -> str:
     rows = ["| miss policy | action on a miss | in the default sweep |", "|---|---|---|"]
     for p in miss.MISS_POLICIES.values():
-        name = f"`{p.name}:θ`" if p.takes_theta else f"`{p.name}`"
+        name = f"`{miss.spec_of(p)}`"
         rows.append(f"| {name} | {p.doc} | {', '.join(f'`{g}`' for g in p.grid) or 'no'} |")
     return "\n".join(rows)
 

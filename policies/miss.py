@@ -11,13 +11,13 @@ from numba import njit
 from moesim.errors import MoesimError
 
 # a request's outcome (the replay's decision record, moesim.simulator.simulate(record=True))
-OUTCOME_HIT, OUTCOME_FETCH, OUTCOME_SUBSTITUTE, OUTCOME_DROP, OUTCOME_CPU = range(5)
-OUTCOMES = ("hit", "fetch", "substitute", "drop", "cpu")
+OUTCOME_HIT, OUTCOME_FETCH, OUTCOME_SUBSTITUTE, OUTCOME_DROP, OUTCOME_CPU, OUTCOME_LOWBIT = range(6)
+OUTCOMES = ("hit", "fetch", "substitute", "drop", "cpu", "lowbit")
 # the actions a miss policy chooses (substitute falls back to drop when no candidate is resident)
-FETCH, SUBSTITUTE, DROP, CPU = OUTCOME_FETCH, OUTCOME_SUBSTITUTE, OUTCOME_DROP, OUTCOME_CPU
+FETCH, SUBSTITUTE, DROP, CPU, LOWBIT = OUTCOME_FETCH, OUTCOME_SUBSTITUTE, OUTCOME_DROP, OUTCOME_CPU, OUTCOME_LOWBIT
 
 # miss policy codes (plain ints for the kernel)
-FETCH_ALL, THRESHOLD, FIRST_CHOICE, SUBSTITUTE_ALL, DROP_ALL, CPU_ALL = range(6)
+FETCH_ALL, THRESHOLD, FIRST_CHOICE, SUBSTITUTE_ALL, DROP_ALL, CPU_ALL, LOWBIT_ALL = range(7)
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class MissPolicy:
     substitutes: bool  # may substitute (so background admission can act)
     keeps_first: bool  # always runs the router's first choice (fetch or CPU): mass compares within this class
     takes_theta: bool = False
+    takes_quant: bool = False  # lowbit:Q: the parameter is a quantization name (simulator/config.py checks it)
 
 
 MISS_POLICIES: dict[str, MissPolicy] = {p.name: p for p in (
@@ -42,6 +43,8 @@ MISS_POLICIES: dict[str, MissPolicy] = {p.name: p for p in (
     MissPolicy("drop", DROP_ALL, "skip the missing expert (the rest are renormalized)", (), True, False),
     MissPolicy("cpu", CPU_ALL, "compute the missing expert on the CPU from host memory; cache unchanged",
                ("cpu",), False, True),
+    MissPolicy("lowbit", LOWBIT_ALL, "fetch a Q-quantized copy of the missing expert (lowbit:q4_k_m, lowbit:q2_k) "
+               "and run it from VRAM; not admitted", (), True, False, takes_quant=True),
 )}
 
 
@@ -57,9 +60,12 @@ def get(name: str) -> MissPolicy:
 
 
 def parse_miss(spec: str) -> tuple[str, float]:
-    """'threshold:0.15' -> ('threshold', 0.15); the others carry θ = 0."""
+    """'threshold:0.15' -> ('threshold', 0.15); the others carry θ = 0 (lowbit's quantization: ``miss_quant``)."""
     name, _, arg = str(spec).strip().partition(":")
     p = get(name)
+    if p.takes_quant:
+        miss_quant(spec)
+        return name, 0.0
     if not p.takes_theta:
         if arg:
             raise MoesimError(f"miss policy {name!r} takes no parameter (got {spec!r})")
@@ -75,9 +81,26 @@ def parse_miss(spec: str) -> tuple[str, float]:
     return name, theta
 
 
+def miss_quant(spec: str) -> str | None:
+    """'lowbit:Q4_K_M' -> 'q4_k_m' (the spelling of the quantization names); None for the other policies."""
+    name, _, arg = str(spec).strip().partition(":")
+    if not get(name).takes_quant:
+        return None
+    q = arg.strip().lower()
+    if not q:
+        raise MoesimError(f"the {name} miss policy needs a quantization, e.g. {name}:q4_k_m")
+    if not q.replace("_", "").isalnum():
+        raise MoesimError(f"bad quantization in {spec!r}: expected a name such as q4_k_m or q2_k")
+    return q
+
+
+def spec_of(p: MissPolicy) -> str:
+    return f"{p.name}:θ" if p.takes_theta else (f"{p.name}:Q" if p.takes_quant else p.name)
+
+
 def help_text() -> str:
-    return ("Miss policy: " + ", ".join(f"{p.name}:θ" if p.takes_theta else p.name for p in MISS_POLICIES.values())
-            + " (threshold:0.15 is the 0.15 rule).")
+    return ("Miss policy: " + ", ".join(spec_of(p) for p in MISS_POLICIES.values())
+            + " (threshold:0.15 is the 0.15 rule; lowbit:Q fetches a Q-quantized copy, e.g. lowbit:q4_k_m).")
 
 
 @njit(inline="always")
@@ -92,4 +115,6 @@ def decide(code, rank, w, theta):
         return SUBSTITUTE
     if code == DROP_ALL:
         return DROP
+    if code == LOWBIT_ALL:
+        return LOWBIT
     return CPU

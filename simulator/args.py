@@ -28,8 +28,10 @@ from moesim.simulator.kernel import (
     S_CPU_RAM,
     S_DENSE_LAYER,
     S_EXPERT_VRAM,
+    S_FETCH_LOWBIT,
     S_FETCH_NVME,
     S_FETCH_RAM,
+    S_LOWBIT_VRAM,
     S_WRITEBACK,
 )
 from moesim.simulator.prefetch import N_PF_SCAL
@@ -62,6 +64,8 @@ class Policy(NamedTuple):
     overlap: int           # policies.prefetch.OVERLAP_*: the clock's copy/compute overlap
     prefetch: int          # policies.prefetch code (NONE: no prefetch)
     pf_depth: int          # prefetch for the layer this many ahead (same token)
+    step_pin: bool         # --step-pin: hits first, the step's experts not evicted by its misses, fetches together
+    max_uploads: int       # at most this many fetched experts admitted per layer per step (0: no cap)
 
 
 class Setup(NamedTuple):
@@ -72,6 +76,7 @@ class Setup(NamedTuple):
     cost: np.ndarray           # [N_COSTS] float64: seconds per operation (kernel.COST_NAMES); zeros: no clock
     pf_succ: np.ndarray        # [L, E, S] int16: next-layer prefetch successors (policies/prefetch.py), or empty
     pf_cnt: np.ndarray         # [L, E, S] int64: their counts
+    lowbit_res: np.ndarray     # [L * E] bool: a low-bit copy is resident in VRAM (--lowbit-share)
 
 
 class State(NamedTuple):
@@ -90,6 +95,7 @@ class State(NamedTuple):
     pf_scal: np.ndarray     # int64 [prefetch.N_PF_SCAL]: its token's sequence, and whether it is set
     pf_score: np.ndarray    # float64 [E]: next-layer prefetch scratch (zero between steps)
     pf_pick: np.ndarray     # int64 [E]: the predicted experts of a step (scratch)
+    spin: np.ndarray        # float64 [L * E, 2]: --step-pin's step each expert is pinned at, its saved priority
 
 
 class Out(NamedTuple):
@@ -123,11 +129,14 @@ class Prepared:
     ram_cap: int               # host-RAM tier size in experts (-1: every expert fits)
 
 
-def kernel_costs(cost: Any, n_layers: int, batch: int) -> np.ndarray:
-    """The kernel's seconds-per-operation vector from a CostParams (zeros without one)."""
+def kernel_costs(cost: Any, n_layers: int, batch: int, lowbit: str | None = None) -> np.ndarray:
+    """The kernel's seconds-per-operation vector from a CostParams (zeros without one); ``lowbit``: the
+    quantization lowbit:Q fetches."""
     c = np.zeros(N_COSTS, np.float64)
     if cost is None:
         return c
+    if lowbit is not None:
+        c[S_FETCH_LOWBIT], c[S_LOWBIT_VRAM] = cost.lowbit_seconds(lowbit)
     c[S_DENSE_LAYER] = (cost.s_dense + (batch - 1) * cost.s_dense_per_seq) / n_layers
     c[S_EXPERT_VRAM] = cost.s_expert_vram
     c[S_FETCH_RAM] = cost.s_fetch_ram
@@ -190,10 +199,16 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     if source.n_tokens >= 2**31:  # the kernel's int32 per-object counters count at most one request a token
         raise MoesimError(f"a replay handles fewer than 2^31 tokens; this trace has {source.n_tokens:,}")
     slots = config.slots_per_layer(E)
+    low_bytes = None
+    if config.lowbit_share is not None and cost is not None:
+        cost.lowbit_seconds(config.low_quant)  # checks the quantization against the model preset
+        low_bytes = float(cost.expert_bytes_by_quant[config.low_quant])
+    full_slots, n_low = config.lowbit_tier(slots, E, None if cost is None else float(cost.bytes_per_expert),
+                                           low_bytes)
     if config.allocation == "global":
-        pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([slots * L], np.int64)
+        pool_of_layer, pool_cap = np.zeros(L, np.int64), np.array([full_slots * L], np.int64)
     else:
-        pool_of_layer, pool_cap = np.arange(L, dtype=np.int64), np.full(L, slots, np.int64)
+        pool_of_layer, pool_cap = np.arange(L, dtype=np.int64), np.full(L, full_slots, np.int64)
     counts_all = source.request_counts()
     ev = registry.get(config.eviction_name)
     param = config.eviction_param
@@ -201,23 +216,33 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     warm_objs = np.zeros(0, np.int64)
     if ev.pinned:
         prefix_counts = counts_all if param is None else source.request_counts(int(param))
-        pinned[ev.module.pinned(prefix_counts, slots, config.allocation)] = True
+        pinned[ev.module.pinned(prefix_counts, full_slots, config.allocation)] = True
     elif config.warm:
         # least popular first, so the most popular experts are the most recently inserted
-        warm_objs = most_requested(counts_all, slots, config.allocation)[::-1].copy()
+        warm_objs = most_requested(counts_all, full_slots, config.allocation)[::-1].copy()
         if config.allocation == "per-layer":
             warm_objs = np.concatenate([warm_objs[warm_objs // E == l] for l in range(L)])
     ram_cap, ram_warm = ram_tier(cost, counts_all)
+    lowbit_res = np.zeros(L * E, np.bool_)
+    if n_low:  # the low-bit tier: copies of the most requested experts (after the pinned ones), fixed
+        ranked = np.where(pinned.reshape(L, E), -1, counts_all)
+        lowbit_res[most_requested(ranked, n_low, config.allocation)] = True
     pf_code = prefetch_mod.get(config.prefetch).code
+    overlap = overlap_of(config, cost)
+    if overlap != prefetch_mod.OVERLAP_NONE and miss_mod.miss_quant(config.miss) is not None:
+        raise MoesimError(f"{config.miss} under an overlapped clock (--overlap layer|cross-layer, or the engine "
+                          "profile's default) is not modelled: use --overlap none")
     policy = Policy(evict=ev.code, prm=ev.kernel_params(param), miss=miss_mod.get(config.miss_name).code,
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
-                    reset_per_seq=bool(config.reset_per_sequence), overlap=overlap_of(config, cost),
-                    prefetch=pf_code, pf_depth=int(config.prefetch_depth))
+                    reset_per_seq=bool(config.reset_per_sequence), overlap=overlap,
+                    prefetch=pf_code, pf_depth=int(config.prefetch_depth), step_pin=bool(config.step_pin),
+                    max_uploads=int(config.max_uploads or 0))
     succ, cnt = np.zeros((0, 0, 0), np.int16), np.zeros((0, 0, 0), np.int64)
     if pf_code == prefetch_mod.NEXT_LAYER:
         succ, cnt = next_layer_table(source, config)
     setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, warm_objs=warm_objs, ram_warm=ram_warm,
-                  cost=kernel_costs(cost, L, config.batch), pf_succ=succ, pf_cnt=cnt)
+                  cost=kernel_costs(cost, L, config.batch, config.low_quant), pf_succ=succ, pf_cnt=cnt,
+                  lowbit_res=lowbit_res)
     n_obj = L * E
     n_pf = n_obj if pf_code != prefetch_mod.NONE else 0
     state = State(objs=np.zeros((n_obj, N_OB), np.int32), objf=np.zeros((n_obj, N_FO), np.float64),
@@ -227,7 +252,7 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                   scal=np.zeros(N_SCAL, np.int64), pf=np.zeros(n_pf, np.int32), pf_t=np.zeros(n_pf, np.float64),
                   pf_prev=np.full((L, source.top_k) if n_pf else (0, 0), -1, np.int16),
                   pf_scal=np.zeros(N_PF_SCAL, np.int64), pf_score=np.zeros(E if n_pf else 0, np.float64),
-                  pf_pick=np.zeros(E if n_pf else 0, np.int64))
+                  pf_pick=np.zeros(E if n_pf else 0, np.int64), spin=np.full((n_obj, 2), -1.0, np.float64))
     return policy, setup, state, slots, ram_cap
 
 

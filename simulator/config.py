@@ -8,15 +8,23 @@ import json
 import math
 from dataclasses import dataclass
 
+from moesim.costmodel.models import QUANT_SCHEMES
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
 from moesim.policies import prefetch as prefetch_mod
 from moesim.policies import registry
 from moesim.policies.miss import parse_miss
 from moesim.policies.registry import parse_eviction
+from moesim.simulator.step_pin import step_pin_refused
 
 ALLOCATIONS = ("per-layer", "global")
-_LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": None, "overlap": None}
+# evictions that are neither list nor heap policies (ARC, S3-FIFO, SIEVE, CLOCK: their victim search moves experts
+# between lists or clears bits on the way): --step-pin is refused for them (docs/replay-semantics.md)
+STEP_PIN_REFUSED = step_pin_refused()
+# fields added after results were first keyed, and their defaults (left out of to_dict at the default, so earlier
+# configs keep their keys)
+_LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": None, "overlap": None,
+                   "step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None}
 
 
 def slots_for_budget(budget: float, n_experts: int) -> int:
@@ -44,13 +52,54 @@ class SimConfig:
     prefetch_depth: int = 1
     prefetch_train: str | None = None
     overlap: str | None = None  # none | layer | cross-layer; None: the engine profile's (docs/replay-semantics.md)
+    step_pin: bool = False  # engine step semantics: a step's experts are pinned for it, its misses fetched together
+    max_uploads: int | None = None  # at most this many fetched experts admitted per layer per step
+    lowbit_share: float | None = None  # share of the slots holding low-bit copies of the most requested experts
+    lowbit_quant: str | None = None  # the quantization of those copies (default: lowbit:Q's)
 
     def __post_init__(self):
         ev, ev_arg = parse_eviction(self.eviction)
         ms, theta = parse_miss(self.miss)
+        quant = miss_mod.miss_quant(self.miss)
+        if quant is not None and quant not in QUANT_SCHEMES:
+            raise MoesimError(f"unknown quantization {quant!r} in {self.miss!r} (known: {', '.join(QUANT_SCHEMES)})")
         # canonical spellings so equal configs hash equally
         object.__setattr__(self, "eviction", ev if ev_arg is None else f"{ev}:{ev_arg:g}")
-        object.__setattr__(self, "miss", ms if ms != "threshold" else f"threshold:{theta:g}")
+        object.__setattr__(self, "miss", f"{ms}:{quant}" if quant else (
+            ms if ms != "threshold" else f"threshold:{theta:g}"))
+        if not isinstance(self.step_pin, (bool, int)) or self.step_pin not in (0, 1):
+            raise MoesimError(f"step_pin must be true or false, got {self.step_pin!r}")
+        object.__setattr__(self, "step_pin", bool(self.step_pin))
+        if self.step_pin and self.prefetch != "none":
+            raise MoesimError("--step-pin with --prefetch is not modelled: a prefetch admits experts outside the "
+                              "step's order, past its pins (use one or the other)")
+        if self.step_pin and registry.get(ev).name in STEP_PIN_REFUSED:
+            raise MoesimError(f"--step-pin is not defined for the {ev} eviction: its victim search moves experts "
+                              "between its lists, so skipping the step's pinned experts has no exact meaning "
+                              "(use lru, fifo, lfu, freq, belady, static or static-layers)")
+        if self.max_uploads is not None:
+            if isinstance(self.max_uploads, bool) or int(self.max_uploads) != self.max_uploads \
+                    or self.max_uploads < 1:
+                raise MoesimError(f"max_uploads must be a positive whole number, got {self.max_uploads!r}")
+            object.__setattr__(self, "max_uploads", int(self.max_uploads))
+        if self.lowbit_quant is not None:
+            lq = str(self.lowbit_quant).strip().lower()
+            if lq not in QUANT_SCHEMES:
+                raise MoesimError(f"unknown quantization {self.lowbit_quant!r} for --lowbit-quant "
+                                  f"(known: {', '.join(QUANT_SCHEMES)})")
+            if quant is not None and lq != quant:
+                raise MoesimError(f"--lowbit-quant {lq} differs from the miss policy's {self.miss}: low-bit runs "
+                                  "use one quantization")
+            object.__setattr__(self, "lowbit_quant", lq)
+        if self.lowbit_share is not None:
+            f = float(self.lowbit_share)
+            if not (math.isfinite(f) and 0.0 < f < 1.0):
+                raise MoesimError(f"lowbit_share must be a fraction in (0, 1), got {self.lowbit_share!r}")
+            if self.low_quant is None:
+                raise MoesimError("--lowbit-share needs the copies' quantization: --lowbit-quant Q (or -m lowbit:Q)")
+            object.__setattr__(self, "lowbit_share", f)
+        elif self.lowbit_quant is not None and quant is None:
+            raise MoesimError("--lowbit-quant sets the low-bit tier's quantization: give --lowbit-share F too")
         if (self.budget is None) == (self.slots is None):
             raise MoesimError("give exactly one of budget (fraction of experts) or slots (per layer)")
         if self.budget is not None:
@@ -112,6 +161,24 @@ class SimConfig:
     def theta(self) -> float:
         return parse_miss(self.miss)[1]
 
+    @property
+    def low_quant(self) -> str | None:
+        """The quantization every low-bit run uses: lowbit:Q's, or the low-bit tier's (None: neither)."""
+        return miss_mod.miss_quant(self.miss) or self.lowbit_quant
+
+    def lowbit_tier(self, slots: int, n_experts: int, bytes_full: float | None, bytes_low: float | None
+                    ) -> tuple[int, int]:
+        """(full-expert slots per layer, low-bit copies per layer) of a budget of ``slots`` per layer: the share
+        ``lowbit_share`` of the slots, floor(F·slots), holds low-bit copies instead, as many as its bytes take
+        (floor(reserved · bytes_full / bytes_low), at most E). (slots, 0) without a tier."""
+        if self.lowbit_share is None:
+            return slots, 0
+        if bytes_full is None or bytes_low is None:
+            raise MoesimError("--lowbit-share sizes the low-bit tier by bytes per expert: it needs a priced replay "
+                              "(a model preset: --model, or the trace's)")
+        reserved = math.floor(self.lowbit_share * slots + 1e-9)  # < slots, as the share is below 1
+        return slots - reserved, min(n_experts, math.floor(reserved * bytes_full / bytes_low + 1e-9))
+
     def slots_per_layer(self, n_experts: int) -> int:
         if self.slots is not None:
             if self.slots > n_experts:
@@ -150,6 +217,12 @@ class SimConfig:
             parts.append(self.prefetch_label())
         if self.overlap is not None:
             parts.append(f"overlap {self.overlap}")
+        if self.step_pin:
+            parts.append("step-pin")
+        if self.max_uploads is not None:
+            parts.append(f"max-uploads {self.max_uploads}")
+        if self.lowbit_share is not None:
+            parts.append(f"lowbit {self.lowbit_share:g} {self.low_quant}")
         return " / ".join(parts)
 
     def prefetch_label(self) -> str:

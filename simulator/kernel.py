@@ -35,20 +35,22 @@ from moesim.policies.structures import (
 )
 from moesim.simulator import overlap
 from moesim.simulator import prefetch as pfm
+from moesim.simulator import step_pin as pin
 
 # counter columns (per layer and per token)
 COUNTER_NAMES = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
                  "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
-                 "prefetches", "prefetch_used", "prefetch_late", "prefetches_nvme")
+                 "prefetches", "prefetch_used", "prefetch_late", "prefetches_nvme", "lowbit", "capped", "pin_full",
+                 "lowbit_tier")
 (REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS,
  FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME, PREFETCHES, PREFETCH_USED, PREFETCH_LATE,
- PREFETCHES_NVME) = range(len(COUNTER_NAMES))
+ PREFETCHES_NVME, LOWBIT, CAPPED, PIN_FULL, LOWBIT_TIER) = range(len(COUNTER_NAMES))
 N_COUNTERS = len(COUNTER_NAMES)
 # cost columns: seconds per operation (simulator/args.py kernel_costs); all zero replays without a clock
 COST_NAMES = ("dense_layer", "expert_vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram",
-              "copy_nvme", "cpu_handoff", "writeback")
+              "copy_nvme", "cpu_handoff", "writeback", "fetch_lowbit", "lowbit_vram")
 (S_DENSE_LAYER, S_EXPERT_VRAM, S_FETCH_RAM, S_FETCH_NVME, S_CPU_RAM, S_CPU_NVME, S_COPY_RAM, S_COPY_NVME,
- S_CPU_HANDOFF, S_WRITEBACK) = range(len(COST_NAMES))
+ S_CPU_HANDOFF, S_WRITEBACK, S_FETCH_LOWBIT, S_LOWBIT_VRAM) = range(len(COST_NAMES))
 N_COSTS = len(COST_NAMES)
 
 _RESCALE = 1e150  # decayed frequency scores are rescaled before they overflow
@@ -200,6 +202,101 @@ def _substitute(code, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue, queue_t, qhl, tok_counts,
+                layer_counts, t, counting):
+    """Queue a background copy of o (its accumulator reached beta): it occupies the link after what is queued
+    on it. Returns when the link is free."""
+    fo[o, ACC] = 0.0
+    _bump(tok_counts, layer_counts, t, l, COPIES, counting)
+    nvme = tiered and _from_nvme(o, ram, ob, po)
+    if nvme:
+        _bump(tok_counts, layer_counts, t, l, COPIES_NVME, counting)
+    if timed:
+        link_free = max(now, link_free) + (cost[S_COPY_NVME] if nvme else cost[S_COPY_RAM])
+    _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
+    return link_free
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _tier_run(o, l, wr, now, link_free, cost, timed, tiered, ram, copies, beta, ob, fo, po, queue, queue_t, qhl,
+              tok_counts, layer_counts, t, counting):
+    """A miss served by the expert's resident low-bit copy (no transfer); with --admit its weight accumulates
+    towards a background copy of the full expert. Returns when the link is free."""
+    _bump(tok_counts, layer_counts, t, l, LOWBIT, counting)
+    _bump(tok_counts, layer_counts, t, l, LOWBIT_TIER, counting)
+    if copies:
+        fo[o, ACC] += wr
+        if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
+            link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue, queue_t, qhl,
+                                    tok_counts, layer_counts, t, counting)
+    return link_free
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _pinned_hits(code, prm, pool, sel, next_req, t, l, base, tick1, uses_next, uses_score, inc, timed, s_vram, now,
+                 record, ob, fo, po, heap, outcome):
+    """--step-pin: the step's hits, before its misses, in rank order (ticks tick1, tick1 + 1, ...). Returns
+    (hits, now)."""
+    n = 0
+    for r in range(sel.shape[2]):
+        e = sel[t, l, r]
+        if e < 0 or ob[base + e, RES] == 0:
+            continue
+        o = base + e
+        if uses_next:
+            fo[o, NREQ] = next_req[t, l, r]
+        if uses_score:
+            fo[o, SCORE] += inc
+        registry.hit(code, ob, fo, po, heap, prm, pool, o, tick1 + n, True)
+        n += 1
+        if timed:
+            now += s_vram
+        if record:
+            outcome[t, l, r] = miss.OUTCOME_HIT
+    return n, now
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _admit_engine(pin_mode, code, prm, pool, o, tick, step, n_up, max_up, step_pin, ob, fo, po, heap, spin, tok_counts,
+                  layer_counts, t, l, counting):
+    """Admit a fetched expert under --max-uploads (beyond the cap: for this use only, counted as capped) and
+    --step-pin (no pinned victim; none left: pin_full). Returns (victim or a negative code, uploads so far)."""
+    if max_up > 0 and n_up >= max_up:
+        _bump(tok_counts, layer_counts, t, l, CAPPED, counting)
+        return registry.NOT_ADMITTED, n_up
+    if step_pin:
+        v = pin.insert(pin_mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin)
+    else:
+        v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+    if v == pin.PIN_FULL:
+        _bump(tok_counts, layer_counts, t, l, PIN_FULL, counting)
+    elif v != registry.NOT_ADMITTED:
+        n_up += 1
+    return v, n_up
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost, timed, tiered, ram, copies, beta, ob, fo, po, queue,
+                  queue_t, qhl, tok_counts, layer_counts, t, counting):
+    """lowbit:Q: copy the expert's low-bit copy (behind what is queued on the link, after ``copy_end``) and run it;
+    not admitted; with --admit its weight accumulates towards a background copy of the full expert. Returns
+    (now, link_free, copy_end, stall)."""
+    _bump(tok_counts, layer_counts, t, l, LOWBIT, counting)
+    if timed:
+        start = max(copy_end, link_free)
+        stall += start - copy_end
+        link_free = start + cost[S_FETCH_LOWBIT]
+        copy_end = link_free
+        now = max(now, link_free) + cost[S_LOWBIT_VRAM]
+    if copies:
+        fo[o, ACC] += wr
+        if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
+            link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue, queue_t, qhl,
+                                    tok_counts, layer_counts, t, counting)
+    return now, link_free, copy_end, stall
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def _enqueue(o, l, done, ob, queue, queue_t, qhl):
     """Queue a background copy of o (layer l) that completes at ``done``."""
     E = queue.shape[1]
@@ -263,15 +360,23 @@ def replay(steps, policy, setup, state, out):
     code = policy.evict
     sel, w, wm, cand, next_req, tok_seq = steps.sel, steps.w, steps.wm, steps.cand, steps.next_req, steps.tok_seq
     t0 = steps.t0
-    ob, fo, po, heap = state.objs, state.objf, state.pools, state.heap
+    ob, fo, po, heap, spin = state.objs, state.objf, state.pools, state.heap, state.spin
     queue, queue_t, qhl = state.queue, state.queue_t, state.queue_hl
     clock, scal = state.clock, state.scal
     layer_counts, layer_mass, tok_counts, tok_mass = out.layer_counts, out.layer_mass, out.tok_counts, out.tok_mass
     tok_seconds, tok_stall = out.tok_seconds, out.tok_stall
     outcome, substitute = out.outcome, out.substitute
-    pool_of_layer, cost = setup.pool_of_layer, setup.cost
+    pool_of_layer, cost, lowbit_res = setup.pool_of_layer, setup.cost, setup.lowbit_res
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
+    step_pin, max_up = policy.step_pin, policy.max_uploads
+    pin_mode = pin.MODES[code]
+    engine = step_pin or max_up > 0
+    tier = False  # a low-bit tier (--lowbit-share): misses with a resident low-bit copy run it
+    for o in range(lowbit_res.shape[0]):
+        if lowbit_res[o]:
+            tier = True
+            break
     T, L, k = sel.shape
     n_obj = ob.shape[0]
     E = n_obj // L
@@ -296,6 +401,7 @@ def replay(steps, policy, setup, state, out):
     s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
     s_copy_ram, s_copy_nvme = cost[S_COPY_RAM], cost[S_COPY_NVME]
     s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
+    s_lowbit_vram = cost[S_LOWBIT_VRAM]
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
     copies = beta > 0.0 and admits
     # overlap (simulator/overlap.py) and prefetch (simulator/prefetch.py): off, they leave the loop as it was
@@ -343,6 +449,7 @@ def replay(steps, policy, setup, state, out):
             n_fetch = 0
             n_evict = 0
             n_admit = 0
+            n_up = 0
             smass = 0.0
             ran_cpu = False
             if timed:
@@ -359,13 +466,22 @@ def replay(steps, policy, setup, state, out):
                 for r in range(k):
                     if sel[t, l, r] >= 0:
                         fo[base + sel[t, l, r], MARK] = step
+            if step_pin:  # the step's hits first (in rank order), then its misses below
+                pin.mark(sel, t, l, base, step, spin)
+                n_hit, now = _pinned_hits(code, prm, pool, sel, next_req, t, l, base, tick0 + E, uses_next, uses_score,
+                                          inc, timed, s_vram, now, record, ob, fo, po, heap, outcome)
+                n_req = n_hit
+                pin.raise_hits(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
+            copy_end = now  # --step-pin: the step's copies go onto the link together, from here
 
             for r in range(k):
                 e = sel[t, l, r]
                 if e < 0:
                     continue
                 o = base + e
-                tick = tick0 + E + r
+                if step_pin and ob[o, RES] != 0:
+                    continue  # a hit, handled above
+                tick = tick0 + E + (n_req if step_pin else r)  # --step-pin: ticks in the order handled
                 if uses_next:
                     fo[o, NREQ] = next_req[t, l, r]
                 if uses_score:
@@ -406,6 +522,14 @@ def replay(steps, policy, setup, state, out):
                     continue
                 wr = w[t, l, r]
                 action = miss.decide(miss_code, r, wr, theta)
+                if tier and lowbit_res[o]:
+                    if timed:
+                        now += s_lowbit_vram
+                    link_free = _tier_run(o, l, wr, t_r if ov else now, link_free, cost, timed, tiered, ram, copies,
+                                          beta, ob, fo, po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_LOWBIT
+                    continue
                 if action == miss.FETCH:
                     n_fetch += 1
                     nvme = tiered and _from_nvme(o, ram, ob, po)
@@ -416,19 +540,37 @@ def replay(steps, policy, setup, state, out):
                             link_free, h, lk0, h0, m_link = overlap.fetch(
                                 t_r, link_free, s_fetch_nvme if nvme else s_fetch_ram, s_vram, h, lk0, h0, m_link)
                         else:
-                            start = max(now, link_free)  # behind any queued background copy
-                            stall += start - now
+                            if not step_pin:
+                                copy_end = now
+                            start = max(copy_end, link_free)  # behind any queued background copy
+                            stall += start - copy_end
                             link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
-                            now = link_free + s_vram
+                            copy_end = link_free
+                            now = max(now, link_free) + s_vram
                     if prefetching and pf[o] == pfm.PF_LANDED:
                         pf[o] = pfm.PF_NONE  # evicted before use, fetched again
                     if admits:
-                        if registry.insert(code, ob, fo, po, heap, prm, pool, o, tick) >= 0:
+                        if engine:  # --step-pin or --max-uploads
+                            v, n_up = _admit_engine(pin_mode, code, prm, pool, o, tick, step, n_up, max_up, step_pin,
+                                                    ob, fo, po, heap, spin, tok_counts, layer_counts, t, l, counting)
+                        else:
+                            v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+                        if v >= 0:
                             n_evict += 1
                             if timed:
                                 link_free = max(t_r if ov else now, link_free) + s_writeback
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_FETCH
+                    continue
+                if action == miss.LOWBIT:
+                    if not step_pin:
+                        copy_end = now
+                    now, link_free, copy_end, stall = _lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost,
+                                                                    timed, tiered, ram, copies, beta, ob, fo, po,
+                                                                    queue, queue_t, qhl, tok_counts, layer_counts, t,
+                                                                    counting)
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_LOWBIT
                     continue
                 if action == miss.CPU:
                     ran_cpu = True
@@ -472,6 +614,8 @@ def replay(steps, policy, setup, state, out):
                             link_free = max(t_r if ov else now, link_free) + (s_copy_nvme if nvme else s_copy_ram)
                         _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
 
+            if step_pin:
+                pin.restore(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
             if timed and ran_cpu:
                 now += s_handoff
             if prefetching:

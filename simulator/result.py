@@ -107,6 +107,8 @@ class SimResult:
         secs, toks, n_steps = d["seconds"], d["tokens"], d["steps"]
         c = {name: int(v) for name, v in zip(COUNTER_NAMES, d["counts"])}
         bpe = cost.bytes_per_expert
+        low = self.config.low_quant
+        bpe_low = float(cost.expert_bytes_by_quant[low]) if low and low in cost.expert_bytes_by_quant else 0.0
         per_tok = 1.0 / toks if toks else float("nan")
         self.timing = {
             "model": cost.model, "quant": cost.quant, "hw": cost.hw, "batch": self.config.batch,
@@ -117,8 +119,10 @@ class SimResult:
             "stall_per_token": d["stall"] * per_tok,
             "bytes_per_token": {
                 "dense": cost.dense_bytes,
-                "experts_vram": (c["hits"] + c["substitutions"] + c["fetches"]) * bpe * per_tok,
-                "link_sync": c["fetches"] * bpe * per_tok,
+                "experts_vram": ((c["hits"] + c["substitutions"] + c["fetches"]) * bpe
+                                 + c["lowbit"] * bpe_low) * per_tok,
+                # low-bit copies fetched on a miss (the low-bit tier's runs move nothing)
+                "link_sync": (c["fetches"] * bpe + (c["lowbit"] - c["lowbit_tier"]) * bpe_low) * per_tok,
                 "link_background": c["copies"] * bpe * per_tok,
                 "link_prefetch": c["prefetches"] * bpe * per_tok,
                 "nvme": (c["fetches_nvme"] + c["cpu_nvme"] + c["copies_nvme"] + c["prefetches_nvme"]) * bpe * per_tok,

@@ -35,7 +35,7 @@ from moesim.errors import MoesimError
 from moesim.files import read_toml
 from moesim.policies import miss as miss_mod
 from moesim.policies import registry
-from moesim.simulator.config import SimConfig
+from moesim.simulator.config import STEP_PIN_REFUSED, SimConfig
 
 DEFAULT_ADMITS = (None, 0.5)
 # The config every speed-up divides by (sweeps/ranking.py): a preset name or "EVICTION / MISS [/ admit β]".
@@ -67,7 +67,7 @@ _AXIS_KEYS = {
     "prefetch": "prefetches", "prefetches": "prefetches",
 }
 _SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence", "prefetch_depth",
-                "overlap")
+                "overlap", "step_pin", "max_uploads", "lowbit_share", "lowbit_quant")
 # Prefetch variants of the default grid (eviction, prefetch), under fetch-all; belady + oracle is the bound.
 PREFETCH_VARIANTS = (("lru", "oracle"), ("lru", "next-layer"), ("belady", "oracle"))
 LOWER_BOUND = ("belady", "fetch-all", "oracle")
@@ -94,6 +94,10 @@ class Grid:
     warm: bool = False
     warmup_tokens: int = 0
     reset_per_sequence: bool = False
+    step_pin: bool = False  # engine step semantics (docs/replay-semantics.md)
+    max_uploads: int | None = None  # at most this many fetched experts admitted per layer per step
+    lowbit_share: float | None = None  # share of the slots holding low-bit copies (tiered residency)
+    lowbit_quant: str | None = None  # their quantization
     presets: bool = True  # add the named presets to every group (the API's simulate turns it off)
     prefetches: list[str] | None = None  # None: no prefetch, plus PREFETCH_VARIANTS when presets are added
     prefetch_depth: int = 1
@@ -174,7 +178,22 @@ def baseline_of(config: SimConfig, spec: str = DEFAULT_BASELINE) -> SimConfig:
     prefetch): its speed-up reference."""
     ev, miss, admit = baseline_policy(spec)
     return canonical(dataclasses.replace(config, eviction=ev, miss=miss, admit=admit, prefetch="none",
-                                         prefetch_depth=1, prefetch_train=None))
+                                         prefetch_depth=1, prefetch_train=None,
+                                         step_pin=config.step_pin and eviction_pins(ev)))
+
+
+def eviction_pins(eviction: str) -> bool:
+    """Whether --step-pin is defined for this eviction (a sweep's --step-pin leaves the others unpinned; their
+    labels say so)."""
+    return registry.parse_eviction(eviction)[0] not in STEP_PIN_REFUSED
+
+
+def tier_quant(g: Grid, miss: str) -> str | None:
+    """The low-bit tier's quantization for a config of the grid: lowbit:Q misses run at their own Q, which the
+    tier then takes (one quantization for every low-bit run)."""
+    if g.lowbit_share is None:
+        return None
+    return miss_mod.miss_quant(miss) or g.lowbit_quant
 
 
 def never_cached(config: SimConfig) -> bool:
@@ -215,7 +234,8 @@ def expand(config_axes: Grid) -> list[Planned]:
                                             "prefetch_train": g.prefetch_train if prefetch == "next-layer" else None}
         return SimConfig(eviction=eviction, miss=miss, admit=admit, allocation=allocation, batch=batch,
                          warm=g.warm, warmup_tokens=g.warmup_tokens, reset_per_sequence=g.reset_per_sequence,
-                         overlap=g.overlap, **pf, **{kind: value})
+                         overlap=g.overlap, step_pin=g.step_pin and eviction_pins(eviction), max_uploads=g.max_uploads,
+                         lowbit_share=g.lowbit_share, lowbit_quant=tier_quant(g, miss), **pf, **{kind: value})
 
     prefetches = ["none"] if g.prefetches is None else list(g.prefetches)
 
@@ -351,16 +371,18 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
         elif key == "prefetch_depth":
             changes[key] = _number(value, key, integer=True)
-        elif key in ("model", "engine", "baseline", "overlap"):
+        elif key in ("model", "engine", "baseline", "overlap", "lowbit_quant"):
             if not isinstance(value, str):
                 raise MoesimError(f"{path}: {key} must be a string")
             changes[key] = value
-        elif key in ("warm", "reset_per_sequence"):
+        elif key in ("warm", "reset_per_sequence", "step_pin"):
             if not isinstance(value, bool):
                 raise MoesimError(f"{path}: {key} must be true or false")
             changes[key] = value
-        elif key == "warmup_tokens":
+        elif key in ("warmup_tokens", "max_uploads"):
             changes[key] = _number(value, key, integer=True)
+        elif key == "lowbit_share":
+            changes[key] = _number(value, key, integer=False)
         else:
             raise MoesimError(f"{path}: unknown sweep key {key!r} (known: {', '.join(known)})")
     try:
@@ -382,7 +404,7 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                       admits=None, allocations=None, batches=None, warm=None, warmup_tokens=None,
                       reset_per_sequence=None, hws=None, model=None, quants=None, engine=None,
                       presets=True, baseline=None, prefetches=None, prefetch_depth=None, prefetch_train=None,
-                      overlap=None) -> Grid:
+                      overlap=None, step_pin=None, max_uploads=None, lowbit_share=None, lowbit_quant=None) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -409,4 +431,5 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=_values(hws),
                          model=model, quants=_values(quants), engine=engine, presets=presets,
                          baseline=baseline, prefetches=ax("prefetches", prefetches), prefetch_depth=prefetch_depth,
-                         prefetch_train=prefetch_train, overlap=overlap)
+                         prefetch_train=prefetch_train, overlap=overlap, step_pin=step_pin, max_uploads=max_uploads,
+                         lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)

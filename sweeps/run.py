@@ -76,8 +76,10 @@ def machine_key(cost) -> str:
 
 def group_key(digest: str, ck: str, config: SimConfig) -> str:
     size = f"b{config.budget:g}" if config.budget is not None else f"s{config.slots}"
+    engine_steps = ((["pin"] if config.step_pin else []) + ([f"u{config.max_uploads}"] if config.max_uploads else [])
+                    + ([f"lb{config.lowbit_share:g}"] if config.lowbit_share is not None else []))
     return "|".join([digest, ck, size, config.allocation, f"warm{int(config.warm)}", f"w{config.warmup_tokens}",
-                     f"r{int(config.reset_per_sequence)}", f"B{config.batch}"])
+                     f"r{int(config.reset_per_sequence)}", f"B{config.batch}", *engine_steps])
 
 
 def check_config(config: SimConfig, routing) -> None:
@@ -119,6 +121,8 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
         "warmup_tokens": cfg.warmup_tokens, "reset_per_sequence": cfg.reset_per_sequence, "batch": cfg.batch,
         "prefetch": cfg.prefetch, "prefetch_depth": cfg.prefetch_depth,
         "overlap": cfg.overlap or (cost.overlap if cost is not None else "none"),
+        "step_pin": cfg.step_pin, "max_uploads": cfg.max_uploads, "lowbit_share": cfg.lowbit_share,
+        "lowbit_quant": cfg.lowbit_quant,
         "priced": cost is not None, "priced_as": note,
         "hw": cost.hw if cost is not None else (hw or ""),
         "model": cost.model if cost is not None else (model or ""),

@@ -17,6 +17,7 @@ ROW_SCHEMA: dict[str, str] = {
     "eviction": "str", "miss": "str", "admit": "f64", "budget": "f64", "slots": "i64", "slots_per_layer": "i64",
     "allocation": "str", "warm": "bool", "warmup_tokens": "i64", "reset_per_sequence": "bool", "batch": "i64",
     "prefetch": "str", "prefetch_depth": "i64", "overlap": "str",
+    "step_pin": "bool", "max_uploads": "i64", "lowbit_share": "f64", "lowbit_quant": "str",
     "priced": "bool", "priced_as": "str", "hw": "str", "model": "str", "quant": "str", "engine": "str",
     "quant_choice": "str",
     "counted_tokens": "i64",

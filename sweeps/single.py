@@ -50,7 +50,9 @@ def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: 
                 warm=config.warm, warmup_tokens=config.warmup_tokens,
                 reset_per_sequence=config.reset_per_sequence, presets=False, baseline=baseline,
                 prefetches=[config.prefetch], prefetch_depth=config.prefetch_depth,
-                prefetch_train=config.prefetch_train, overlap=config.overlap, **size)
+                prefetch_train=config.prefetch_train, overlap=config.overlap, step_pin=config.step_pin,
+                max_uploads=config.max_uploads, lowbit_share=config.lowbit_share, lowbit_quant=config.lowbit_quant,
+                **size)
     tasks, costs, cost_info, notes = plan([entry], grid)
     for task in tasks:
         check_stream(task.config, entry, "local", ci)

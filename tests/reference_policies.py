@@ -78,10 +78,11 @@ class Keyed(Policy):
         if request:
             self.count[o] += 1
 
-    def insert(self, o, stamp):
+    def insert(self, o, stamp, exclude=()):
+        """``exclude``: objects that may not be the victim (--step-pin: the step's own experts)."""
         victim = None
         if len(self) >= self.capacity:
-            victim = min(self.last_use, key=self.key)
+            victim = min((x for x in self.last_use if x not in exclude), key=self.key)
             for d in (self.last_use, self.inserted, self.count):
                 del d[victim]
         self.last_use[o] = stamp

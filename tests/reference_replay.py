@@ -15,9 +15,10 @@ from reference_policies import NOT_ADMITTED, make_policy
 
 COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
             "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
-            "prefetches", "prefetch_used", "prefetch_late", "prefetches_nvme")
+            "prefetches", "prefetch_used", "prefetch_late", "prefetches_nvme", "lowbit", "capped", "pin_full",
+            "lowbit_tier")
 COST_KEYS = ("dense_layer", "vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram", "copy_nvme",
-             "cpu_handoff", "writeback")
+             "cpu_handoff", "writeback", "fetch_lowbit", "lowbit_vram")
 
 
 def _top(counts: dict, n: int) -> list:
@@ -29,18 +30,25 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                      allocation="per-layer", warm=False, warmup_tokens=0, reset_per_sequence=False,
                      half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None,
                      params=None, decisions=None, overlap="none", prefetch="none", prefetch_depth=1,
-                     prefetch_train=None, lookahead=None):
+                     prefetch_train=None, lookahead=None, step_pin=False, max_uploads=None, lowbit_tier=0):
     """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
     Negative ids in ``sel`` are padding (batched routing); ``wm``: the mass a substitution loses
     (default: ``w``); ``params``: the eviction's named parameters (reference_policies classes).
     ``decisions``: a dict filled with {(t, l, r): (outcome, substitute id or -1)}, outcomes as named in
-    the replay's decision record: "hit", "fetch", "substitute", "drop", "cpu".
+    the replay's decision record: "hit", "fetch", "substitute", "drop", "cpu", "lowbit".
     ``overlap``: none, layer or cross-layer (the clock's copy/compute overlap); ``prefetch``: none, prev-token,
     next-layer, lookahead or oracle, for the layer ``prefetch_depth`` ahead; next-layer learns from
     ``prefetch_train`` (selections [T', L, k]; default: the first 10% of ``sel``, at most 10,000 tokens);
-    lookahead reads ``lookahead`` [T, L, k]."""
+    lookahead reads ``lookahead`` [T, L, k]. ``miss="lowbit"``: every
+    miss runs a low-bit copy (cost keys fetch_lowbit, lowbit_vram). ``step_pin``: at each step the hits are handled
+    first, then the misses (each in rank order); no step's selected expert is a victim of its misses (the least-
+    preferred other one is; none: the fetch is for this use only, counted as pin_full), and the step's copies go
+    onto the link back to back. ``max_uploads``: at most this many fetches admitted per step (the rest: capped).
+    ``lowbit_tier``: low-bit copies per layer (``slots`` is then the full-expert slots) of the most requested
+    experts after the pinned ones, resident throughout; a miss of one runs it (lowbit, lowbit_tier; cost
+    lowbit_vram) whatever the miss policy."""
     wm = w if wm is None else wm
     decisions = {} if decisions is None else decisions
     cost = dict.fromkeys(COST_KEYS, 0.0) | (cost or {})
@@ -106,6 +114,14 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 for s_, n_ in successors.get((l, int(e)), []):
                     score[s_] = score.get(s_, 0) + n_
         return sorted(score, key=lambda x: (-score[x], x))[:k]
+    tier = set()
+    if lowbit_tier:
+        counts = request_counts(T)
+        ranked = {o: (-1 if o in pinned else c) for o, c in counts.items()}
+        if allocation == "global":
+            tier = set(_top(ranked, lowbit_tier * L))
+        else:
+            tier = {o for l in range(L) for o in _top({x: c for x, c in ranked.items() if x[0] == l}, lowbit_tier)}
 
     layer = {l: dict.fromkeys(COUNTERS, 0) | {"mass": 0.0} for l in range(L)}
     per_token = [dict.fromkeys(COUNTERS, 0) | {"mass": 0.0, "seconds": 0.0, "stall": 0.0} for _ in range(T)]
@@ -136,10 +152,17 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     def resident(o):
         return o in pinned or (not pinning and o in state["policy"][pool_of(o)])
 
-    def insert(o, stamp, now, c, tc):
-        """Admit o (a fetch or a landed background copy); False when the policy refused it."""
+    def insert(o, stamp, now, c, tc, pinned=None):
+        """Admit o (a fetch or a landed background copy); False when the policy refused it, "pin_full" when
+        every resident expert of the pool is in ``pinned``."""
         cur["now"] = now
-        victim = state["policy"][pool_of(o)].insert(o, stamp)
+        pol = state["policy"][pool_of(o)]
+        if pinned is not None:
+            if len(pol) >= pol.capacity and all(x in pinned for x in pol.last_use):
+                return "pin_full"
+            victim = pol.insert(o, stamp, exclude=pinned)
+        else:
+            victim = pol.insert(o, stamp)
         if victim is NOT_ADMITTED:
             return False
         if victim is not None:
@@ -178,6 +201,20 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         for a in arrivals:
             g = max(g, a) + cost["vram"]
         return g
+
+    def background_copy(o, wr, c, tc, queue):
+        """--admit: a substituted, dropped or low-bit expert's weight accumulates; at beta a copy is queued."""
+        if admit and not pinning:
+            state["acc"][o] += wr
+            if state["acc"][o] >= admit and o not in [x for x, _ in queue]:
+                state["acc"][o] = 0.0
+                start = max(issue_time(), clock["link"])
+                nvme = from_nvme(o)
+                clock["link"] = start + cost["copy_nvme" if nvme else "copy_ram"]
+                queue.append((o, clock["link"]))
+                for d in (c, tc):
+                    d["copies"] += 1
+                    d["copies_nvme"] += int(nvme)
     inc = 1.0
     for t in range(T):
         t_start = clock["now"]
@@ -218,13 +255,19 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             selected = {(l, int(e)) for e in sel[t, l] if e >= 0}
             ran_as_substitute = set()
             cpu_before = c["cpu"]
-            for r in range(k):
-                if sel[t, l, r] < 0:
-                    continue
+            ranks = [r for r in range(k) if sel[t, l, r] >= 0]
+            hits = [r for r in ranks if resident((l, int(sel[t, l, r])))]
+            if step_pin:  # the step's hits first, then its misses
+                ranks = hits + [r for r in ranks if r not in hits]
+            copy_end = clock["now"]
+            uploads = 0
+            for pos, r in enumerate(ranks):
+                if step_pin and pos == len(hits):
+                    copy_end = clock["now"]  # the misses' copies start together, after the hits ran
                 o = (l, int(sel[t, l, r]))
                 wr = float(w[t, l, r])
                 now = (t, l, r)
-                stamp = (t * L + l, 1, r)
+                stamp = (t * L + l, 1, pos if step_pin else r)
                 state["score"][o] += inc
                 c["requests"] += 1
                 tc["requests"] += 1
@@ -261,6 +304,14 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     continue
                 c["misses"] += 1
                 tc["misses"] += 1
+                if o in tier:  # its low-bit copy is resident: run it, no transfer, whatever the miss policy
+                    decisions[(t, l, r)] = ("lowbit", -1)
+                    for d in (c, tc):
+                        d["lowbit"] += 1
+                        d["lowbit_tier"] += 1
+                    clock["now"] += cost["lowbit_vram"]
+                    background_copy(o, wr, c, tc, queue)
+                    continue
                 if miss == "fetch-all":
                     action = "fetch"
                 elif miss == "threshold":
@@ -270,6 +321,18 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 else:
                     action = miss
                 decisions[(t, l, r)] = (action if action != "substitute" else "drop", -1)
+                if action == "lowbit":  # --overlap none only (the overlapped clock refuses lowbit:Q)
+                    c["lowbit"] += 1
+                    tc["lowbit"] += 1
+                    if not step_pin:
+                        copy_end = clock["now"]
+                    start = max(copy_end, clock["link"])
+                    tc["stall"] += start - copy_end
+                    clock["link"] = start + cost["fetch_lowbit"]
+                    copy_end = clock["link"]
+                    clock["now"] = max(clock["now"], clock["link"]) + cost["lowbit_vram"]
+                    background_copy(o, wr, c, tc, queue)
+                    continue
                 if action == "fetch":
                     c["fetches"] += 1
                     tc["fetches"] += 1
@@ -281,17 +344,29 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                         link_own += copy
                         arrivals_own.append(link_own)
                     else:
-                        start = max(clock["now"], clock["link"])
-                        tc["stall"] += start - clock["now"]
+                        if not step_pin:
+                            copy_end = clock["now"]
+                        start = max(copy_end, clock["link"])
+                        tc["stall"] += start - copy_end
                         clock["link"] = start + copy
-                        clock["now"] = clock["link"] + cost["vram"]
+                        copy_end = clock["link"]
+                        clock["now"] = max(clock["now"], clock["link"]) + cost["vram"]
                     if nvme:
                         c["fetches_nvme"] += 1
                         tc["fetches_nvme"] += 1
                     if state["pf"].get(o) == "landed":
                         del state["pf"][o]
                     if not pinning:
-                        insert(o, stamp, now, c, tc)
+                        if max_uploads is not None and uploads >= max_uploads:
+                            c["capped"] += 1
+                            tc["capped"] += 1
+                        else:
+                            got = insert(o, stamp, now, c, tc, pinned=selected if step_pin else None)
+                            if got == "pin_full":
+                                c["pin_full"] += 1
+                                tc["pin_full"] += 1
+                            elif got:
+                                uploads += 1
                     continue
                 if action == "cpu":
                     c["cpu"] += 1
@@ -327,17 +402,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 if r == 0:
                     c["first_choice_substitutions"] += 1
                     tc["first_choice_substitutions"] += 1
-                if admit and not pinning:
-                    state["acc"][o] += wr
-                    if state["acc"][o] >= admit and o not in [x for x, _ in queue]:
-                        state["acc"][o] = 0.0
-                        start = max(issue_time(), clock["link"])
-                        nvme = from_nvme(o)
-                        clock["link"] = start + cost["copy_nvme" if nvme else "copy_ram"]
-                        queue.append((o, clock["link"]))
-                        for d in (c, tc):
-                            d["copies"] += 1
-                            d["copies_nvme"] += int(nvme)
+                background_copy(o, wr, c, tc, queue)
             if c["cpu"] > cpu_before:  # the hand-off of a layer computed (partly) on the CPU
                 clock["now"] += cost["cpu_handoff"]
             lt = l + prefetch_depth

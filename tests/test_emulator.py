@@ -195,3 +195,24 @@ def test_bad_inputs_are_one_line_errors(qwen, texts, tmp_path):
         res = CliRunner().invoke(cli, ["emulate", model_dir, *args])
         assert res.exit_code == 2, res.output
         assert msg in res.output and res.output.count("\n") == 1, res.output
+
+
+def test_lowbit_runs_quantized_experts(emulator, monkeypatch):
+    """lowbit:Q runs the low-bit requests on quantized copies: with an identity quantizer the output is the
+    unmodified model's (the hook splits the experts' weighted sum exactly), with q2_k it is not."""
+    import moesim.emulator.lowbit as lowbit_mod
+
+    config = SimConfig(eviction="lru", miss="lowbit:q2_k", slots=2)
+    real = emulator.run(config)
+    assert real.result.totals()["lowbit"] > 0 and (real.outcome == 5).any()
+    assert real.ppl != real.ppl_baseline and real.emulated == "forward"
+    emulator._lowbit = None
+    monkeypatch.setattr(lowbit_mod, "quantize", lambda torch, w, kind: w.detach().clone())
+    same = emulator.run(config)
+    np.testing.assert_allclose(same.nll, emulator.baseline()[0], rtol=1e-5, atol=1e-5)
+    emulator._lowbit = None
+
+
+def test_lowbit_quant_the_emulator_cannot_compute_is_refused(emulator):
+    with pytest.raises(MoesimError, match="emulator computes low-bit experts"):
+        emulator.run(SimConfig(eviction="lru", miss="lowbit:iq4_xs", slots=2))

@@ -14,6 +14,7 @@ from test_replay_timed import fake_cost
 from moesim.errors import MoesimError
 from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
+from moesim.simulator.config import STEP_PIN_REFUSED
 from moesim.simulator.kernel import COUNTER_NAMES
 from moesim.traces import TraceMeta, TraceWriter, load_routing
 from moesim.traces.stream import DecodedStore
@@ -46,6 +47,14 @@ def configs(eviction):
                                                     ("cpu", "global", False, 0, True, None)]:
         yield SimConfig(eviction=spec if warmup else eviction, miss=miss, slots=3, admit=admit, allocation=alloc,
                         warm=warm, warmup_tokens=warmup, reset_per_sequence=reset)
+    # engine step semantics and low-bit fetches (docs/replay-semantics.md)
+    pin = eviction not in STEP_PIN_REFUSED
+    yield SimConfig(eviction=eviction, miss="lowbit:q2_k", slots=3, admit=0.5, warmup_tokens=2, reset_per_sequence=True,
+                    step_pin=pin, max_uploads=1)
+    yield SimConfig(eviction=eviction, miss="threshold:0.3", slots=2, allocation="global", admit=0.4, step_pin=pin,
+                    max_uploads=2)
+    yield SimConfig(eviction=eviction, miss="first-choice", slots=4, admit=0.5, warmup_tokens=1, step_pin=pin,
+                    lowbit_share=0.5, lowbit_quant="q2_k", reset_per_sequence=True)
 
 
 @pytest.mark.parametrize("eviction", EVICTIONS)
@@ -57,6 +66,8 @@ def test_streamed_equals_in_memory(eviction):
         costs = [None, fake_cost(3, 10, rng, 12, engine_costs=True)]
         with DecodedStore.from_routing(routing) as store:
             for config, cost in itertools.product(configs(eviction), costs):
+                if config.lowbit_share is not None and cost is None:
+                    continue  # the low-bit tier is sized by bytes: priced replays only
                 want = simulate(routing, config, cost=cost)
                 for chunk in (1, 4, 7, 45):
                     got = simulate(store, config, cost=cost, chunk_tokens=chunk)

@@ -230,7 +230,7 @@ def render(doc: dict) -> list[str]:
         f"perplexity  {doc['ppl']:.4f} vs {doc['ppl_baseline']:.4f} unmodified: {doc['dppl_pct']:+.3f}%",
         f"closed loop hit rate {100 * t['hit_rate']:.2f}%, substituted {100 * t['substitution_rate']:.2f}% "
         f"({t['substitutions']:,}), dropped {t['drops']:,}, first choices {t['first_choice_substitutions']:,}, "
-        f"mass per step {t['mass_per_step']:.4f}",
+        f"mass per step {t['mass_per_step']:.4f}" + (f", low-bit {t['lowbit']:,}" if t.get("lowbit") else ""),
         f"open loop   hit rate {100 * o['hit_rate']:.2f}%, substituted {100 * o['substitution_rate']:.2f}%, mass per "
         f"step {o['mass_per_step']:.4f}; {100 * o['routing_drift']:.2f}% of steps routed differently",
         f"emulated    {doc['emulated']} ({doc['seconds']:.2f} s)",

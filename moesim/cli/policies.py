@@ -17,7 +17,7 @@ def command(fmt):
 
     evictions = [{"name": e.name, "spec": e.spec, "doc": e.doc, "default_sweep": e.in_default_grid,
                   "parameter": e.param.what if e.param else None, "fixed": dict(e.fixed)} for e in registry.EVICTIONS]
-    misses = [{"name": p.name, "spec": f"{p.name}:θ" if p.takes_theta else p.name, "doc": p.doc,
+    misses = [{"name": p.name, "spec": miss.spec_of(p), "doc": p.doc,
                "default_sweep": list(p.grid)} for p in miss.MISS_POLICIES.values()]
     prefetches = [{"name": p.name, "spec": p.name, "doc": p.doc} for p in prefetch.PREFETCH_POLICIES.values()]
     if fmt == "json":

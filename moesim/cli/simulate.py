@@ -45,10 +45,29 @@ def policy_options(f):
                           "copies overlap its resident compute; the link is synchronized per layer), cross-layer "
                           "(copies also run while later layers compute). Default: the engine profile's "
                           "(docs/replay-semantics.md)."),
+        STEP_PIN_OPTION, MAX_UPLOADS_OPTION, LOWBIT_SHARE_OPTION, LOWBIT_QUANT_OPTION,
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+STEP_PIN_OPTION = click.option(
+    "--step-pin", is_flag=True, default=None,
+    help="Engine step semantics (llama.cpp expert caches, moe-l2): a step's hits run first and its own experts are "
+         "not evicted by its misses, which are fetched together (not for arc, s3fifo, sieve, clock; "
+         "docs/replay-semantics.md).")
+LOWBIT_SHARE_OPTION = click.option(
+    "--lowbit-share", type=float, default=None, metavar="F",
+    help="Tiered residency: keep floor(F·slots) of each layer's slots as low-bit copies (--lowbit-quant) of the most "
+         "requested experts, as many as their bytes allow; a miss with a low-bit copy runs it without a transfer.")
+LOWBIT_QUANT_OPTION = click.option(
+    "--lowbit-quant", default=None, metavar="Q",
+    help="Quantization of the low-bit copies (q2_k, q4_k, q4_k_m, ...; default: lowbit:Q's).")
+MAX_UPLOADS_OPTION = click.option(
+    "--max-uploads", type=int, default=None, metavar="N",
+    help="Admit at most N fetched experts per layer per step (llama.cpp's expert-cache insert cap); further "
+         "fetches run for that use only.")
 
 
 def cost_options(f):
@@ -78,12 +97,15 @@ STREAM_OPTION = click.option(
 
 
 def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-                batch=1, prefetch="none", prefetch_depth=1, prefetch_train=None, overlap=None):
+                batch=1, prefetch="none", prefetch_depth=1, prefetch_train=None, overlap=None, step_pin=False,
+                max_uploads=None, lowbit_share=None, lowbit_quant=None):
     from moesim.simulator import SimConfig
 
     return SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                      warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
-                     prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap)
+                     prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
+                     step_pin=bool(step_pin), max_uploads=max_uploads, lowbit_share=lowbit_share,
+                     lowbit_quant=lowbit_quant)
 
 
 @click.command("simulate")
@@ -99,8 +121,9 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @STREAM_OPTION
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, prefetch, prefetch_depth, prefetch_train, overlap, hw, model, quant, engine, per_token, baseline, ci,
-            ci_resamples, ci_unit, ci_method, stream, fmt):
+            batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads, lowbit_share,
+            lowbit_quant, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, stream,
+            fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine, with the speed-up over the baseline (default: the
@@ -115,7 +138,8 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     if per_token:
         check_output(per_token, [trace])
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-                         batch, prefetch, prefetch_depth, prefetch_train, overlap)
+                         batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads,
+                         lowbit_share, lowbit_quant)
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
                        ci=intervals, stream=stream)
@@ -184,7 +208,8 @@ def render(doc: dict) -> list[str]:
         + (f"  ({doc['slots_per_layer']} slots per layer)" if doc["config"]["budget"] is not None else ""),
         f"requests    {t['requests']:,} over {doc['counted_tokens']:,} tokens",
         f"hit rate    {_pm(doc, 'hit_rate', t['hit_rate'], 100)}%   misses {t['misses']:,} = "
-        f"fetches {t['fetches']:,} + substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}",
+        f"fetches {t['fetches']:,} + substituted {t['substitutions']:,} + dropped {t['drops']:,} + cpu {t['cpu']:,}"
+        + (f" + low-bit {t['lowbit']:,}" if t.get("lowbit") else ""),
         f"substituted {_pm(doc, 'substitution_rate', t['substitution_rate'], 100)}% of requests, "
         f"dropped {_pm(doc, 'drop_rate', t['drop_rate'], 100)}%, "
         f"first choices substituted or dropped {t['first_choice_substitutions']:,}, "

@@ -5,7 +5,15 @@ from __future__ import annotations
 import click
 
 from moesim.cli.output import Progress, ci_options, make_ci
-from moesim.cli.simulate import EVICTION_HELP, MISS_HELP, STREAM_OPTION
+from moesim.cli.simulate import (
+    EVICTION_HELP,
+    LOWBIT_QUANT_OPTION,
+    LOWBIT_SHARE_OPTION,
+    MAX_UPLOADS_OPTION,
+    MISS_HELP,
+    STEP_PIN_OPTION,
+    STREAM_OPTION,
+)
 from moesim.policies import miss as miss_policies
 from moesim.policies import registry
 
@@ -56,6 +64,10 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @click.option("--warmup-tokens", type=int, default=None, help="Replay but do not count the first W tokens.")
 @click.option("--reset-per-sequence/--no-reset-per-sequence", default=None,
               help="Empty the cache at each new sequence (default: no).")
+@STEP_PIN_OPTION
+@MAX_UPLOADS_OPTION
+@LOWBIT_SHARE_OPTION
+@LOWBIT_QUANT_OPTION
 @click.option("--hw", multiple=True, help="Hardware preset or TOML file; repeat to compare machines "
                                           "(default rtx3090-pcie4).")
 @click.option("--model", default=None, help="Model preset or TOML file (default: the trace's model).")
@@ -108,9 +120,10 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @ci_options
 @STREAM_OPTION
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-            reset_per_sequence, hw, model, quant, engine, config, output, fmt, jobs, executor, top, baseline,
-            rank_by, max_mass, wide, flush_every, quality, max_dppl, report_dir, prefetch, prefetch_depth,
-            prefetch_train, overlap, ci, ci_resamples, ci_unit, ci_method, stream):
+            reset_per_sequence, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine, config,
+            output, fmt, jobs, executor, top, baseline, rank_by, max_mass, wide, flush_every, quality, max_dppl,
+            report_dir, prefetch, prefetch_depth, prefetch_train, overlap, ci, ci_resamples, ci_unit, ci_method,
+            stream):
     """Replay TRACE(s) through a grid of cache policies and print them ranked:
     policies that always run the router's first choice first, then by time per
     token (by hit rate when the trace cannot be priced), with the speed-up over
@@ -144,7 +157,8 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, hws=given(hw),
                              model=model, quants=given(quant), engine=engine, baseline=baseline,
                              prefetches=given(prefetch), prefetch_depth=prefetch_depth, prefetch_train=prefetch_train,
-                             overlap=overlap)
+                             overlap=overlap, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
+                             lowbit_quant=lowbit_quant)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)

@@ -1,0 +1,109 @@
+"""--step-pin in the replay kernel: a step's selected experts cannot be evicted by the step's own misses.
+
+The kernel handles a pinned step in two passes (hits, then misses, each in rank order) and calls these
+helpers. Which victim an insertion takes instead depends on how the eviction keeps its order
+(``MODES``, derived from the registry):
+
+- list policies (lru, fifo: the victim is the list's tail): the unpinned expert nearest the tail;
+- heap policies (lfu, freq, belady: the victim is the heap's root): the step's resident experts are given
+  an infinite priority for the rest of the step and get their own back at its end, so the root is the
+  least-preferred unpinned expert;
+- either way, when every resident expert of the pool is pinned the expert is fetched for this use only
+  (PIN_FULL: not admitted).
+
+State: ``spin[o, 0]`` the step o is pinned at, ``spin[o, 1]`` its saved heap priority (State.spin).
+"""
+
+import numpy as np
+from numba import njit
+
+from moesim.policies import lists, registry
+from moesim.policies.structures import CAP, HBASE, HK1, HK2, HPOS, PRV, RES, SIZE, TAIL, heap_rekey, list_unlink
+
+MODE_NONE, MODE_LIST, MODE_HEAP, MODE_FIXED = range(4)
+PIN_FULL = -3  # an insertion's answer when every resident expert of the pool is pinned by the step
+
+
+def _mode(e) -> int:
+    if e.pinned:
+        return MODE_FIXED
+    if e.kind == "heap":
+        return MODE_HEAP
+    if getattr(e.module, "insert", None) is lists.insert_front:
+        return MODE_LIST
+    return MODE_NONE
+
+
+MODES = np.array([_mode(e) for e in registry.EVICTIONS], np.int64)
+
+
+def step_pin_refused() -> tuple[str, ...]:
+    """The evictions --step-pin has no exact meaning for (neither a list nor a heap policy)."""
+    return tuple(e.name for e in registry.EVICTIONS if _mode(e) == MODE_NONE)
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def mark(sel, t, l, base, step, spin):
+    """Pin the step's selected experts (resident or not) for this step."""
+    for r in range(sel.shape[2]):
+        if sel[t, l, r] >= 0:
+            spin[base + sel[t, l, r], 0] = step
+
+
+@njit(inline="always")
+def _raise(ob, po, heap, pool, o, spin):
+    j = po[pool, HBASE] + ob[o, HPOS]
+    spin[o, 1] = heap[j, HK1]
+    heap_rekey(ob, po, heap, pool, ob[o, HPOS], np.inf, heap[j, HK2])
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def raise_hits(mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin):
+    """Heap policies: after the step's hits, its resident experts take an infinite priority."""
+    if mode != MODE_HEAP:
+        return
+    pool = pool_of_layer[l]
+    for r in range(sel.shape[2]):
+        e = sel[t, l, r]
+        if e >= 0 and ob[base + e, RES] != 0 and ob[base + e, HPOS] >= 0:
+            _raise(ob, po, heap, pool, base + e, spin)
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def restore(mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin):
+    """Heap policies: at the step's end its pinned resident experts get their priority back."""
+    if mode != MODE_HEAP:
+        return
+    pool = pool_of_layer[l]
+    for r in range(sel.shape[2]):
+        e = sel[t, l, r]
+        if e >= 0 and ob[base + e, RES] != 0 and ob[base + e, HPOS] >= 0:
+            j = po[pool, HBASE] + ob[base + e, HPOS]
+            if heap[j, HK1] == np.inf:
+                heap_rekey(ob, po, heap, pool, ob[base + e, HPOS], spin[base + e, 1], heap[j, HK2])
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def insert(mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin):
+    """Admit o without evicting an expert pinned at this step: the victim, -1 (none), registry.NOT_ADMITTED
+    (the policy refused o) or PIN_FULL (every resident expert is pinned)."""
+    if po[pool, SIZE] >= po[pool, CAP] and po[pool, CAP] > 0:
+        if mode == MODE_LIST:
+            v = po[pool, TAIL]
+            while v != -1 and spin[v, 0] == step:
+                v = ob[v, PRV]
+            if v == -1:
+                return PIN_FULL
+            if v != po[pool, TAIL]:  # make room by hand, then the policy inserts into a pool with room
+                list_unlink(ob, po, pool, v, 0)
+                ob[v, RES] = 0
+                po[pool, SIZE] -= 1
+                registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+                return v
+        elif mode == MODE_HEAP:
+            if heap[po[pool, HBASE], HK1] == np.inf:
+                return PIN_FULL
+    v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+    if mode == MODE_HEAP and v != registry.NOT_ADMITTED:
+        _raise(ob, po, heap, pool, o, spin)
+    return v
