@@ -66,6 +66,8 @@ class Policy(NamedTuple):
     pf_depth: int          # prefetch for the layer this many ahead (same token)
     step_pin: bool         # --step-pin: hits first, the step's experts not evicted by its misses, fetches together
     max_uploads: int       # at most this many fetched experts admitted per layer per step (0: no cap)
+    ext: tuple             # () when none of overlap, prefetch, step_pin, max_uploads, a low-bit miss or tier is on,
+    #                        else (1,): its length is a type, so the kernel compiles the plain replay without them
 
 
 class Setup(NamedTuple):
@@ -236,7 +238,10 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
                     reset_per_seq=bool(config.reset_per_sequence), overlap=overlap,
                     prefetch=pf_code, pf_depth=int(config.prefetch_depth), step_pin=bool(config.step_pin),
-                    max_uploads=int(config.max_uploads or 0))
+                    max_uploads=int(config.max_uploads or 0), ext=())
+    if (overlap != prefetch_mod.OVERLAP_NONE or pf_code != prefetch_mod.NONE or policy.step_pin or policy.max_uploads
+            or policy.miss == miss_mod.LOWBIT_ALL or n_low):
+        policy = policy._replace(ext=(1,))
     succ, cnt = np.zeros((0, 0, 0), np.int16), np.zeros((0, 0, 0), np.int64)
     if pf_code == prefetch_mod.NEXT_LAYER:
         succ, cnt = next_layer_table(source, config)

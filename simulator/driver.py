@@ -192,5 +192,7 @@ def ensure_compiled() -> None:
     global _compiled
     if _compiled:
         return
-    kernel.replay(*build(tiny_routing(), SimConfig(slots=1), record=False).args)
+    # both variants (simulator/args.py Policy.ext): the plain replay, and one with the engine features
+    for config in (SimConfig(slots=1), SimConfig(slots=1, max_uploads=1)):
+        kernel.replay(*build(tiny_routing(), config, record=False).args)
     _compiled = True

@@ -369,14 +369,19 @@ def replay(steps, policy, setup, state, out):
     pool_of_layer, cost, lowbit_res = setup.pool_of_layer, setup.cost, setup.lowbit_res
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
-    step_pin, max_up = policy.step_pin, policy.max_uploads
+    # A compile-time constant (policy.ext's length is part of its type, simulator/args.py): a replay without
+    # overlap, prefetch, step pinning, an upload cap or low-bit experts runs a variant compiled without them.
+    ext = len(policy.ext) > 0
+    step_pin = ext and policy.step_pin
+    max_up = policy.max_uploads if ext else 0
     pin_mode = pin.MODES[code]
     engine = step_pin or max_up > 0
     tier = False  # a low-bit tier (--lowbit-share): misses with a resident low-bit copy run it
-    for o in range(lowbit_res.shape[0]):
-        if lowbit_res[o]:
-            tier = True
-            break
+    if ext:
+        for o in range(lowbit_res.shape[0]):
+            if lowbit_res[o]:
+                tier = True
+                break
     T, L, k = sel.shape
     n_obj = ob.shape[0]
     E = n_obj // L
@@ -405,8 +410,8 @@ def replay(steps, policy, setup, state, out):
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
     copies = beta > 0.0 and admits
     # overlap (simulator/overlap.py) and prefetch (simulator/prefetch.py): off, they leave the loop as it was
-    ov = policy.overlap if timed else 0
-    prefetching = policy.prefetch != pfp.NONE and admits  # pinned evictions never admit: nothing to prefetch
+    ov = policy.overlap if timed and ext else 0
+    prefetching = ext and policy.prefetch != pfp.NONE and admits  # pinned evictions never admit: nothing to prefetch
     pf = state.pf
     t_r = h = h0 = lk0 = 0.0
     m_link = 0
@@ -562,7 +567,7 @@ def replay(steps, policy, setup, state, out):
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_FETCH
                     continue
-                if action == miss.LOWBIT:
+                if ext and action == miss.LOWBIT:
                     if not step_pin:
                         copy_end = now
                     now, link_free, copy_end, stall = _lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost,
