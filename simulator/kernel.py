@@ -404,7 +404,6 @@ def replay(steps, policy, setup, state, out):
     s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
     s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
     s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
-    s_copy_ram, s_copy_nvme = cost[S_COPY_RAM], cost[S_COPY_NVME]
     s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
     s_lowbit_vram = cost[S_LOWBIT_VRAM]
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
@@ -609,15 +608,8 @@ def replay(steps, policy, setup, state, out):
                 if copies:
                     fo[o, ACC] += wr
                     if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
-                        # a background copy: occupies the link after what is queued on it
-                        fo[o, ACC] = 0.0
-                        _bump(tok_counts, layer_counts, t, l, COPIES, counting)
-                        nvme = tiered and _from_nvme(o, ram, ob, po)
-                        if nvme:
-                            _bump(tok_counts, layer_counts, t, l, COPIES_NVME, counting)
-                        if timed:
-                            link_free = max(t_r if ov else now, link_free) + (s_copy_nvme if nvme else s_copy_ram)
-                        _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
+                        link_free = _start_copy(o, l, t_r if ov else now, link_free, cost, timed, tiered, ram, ob, fo,
+                                                po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
 
             if step_pin:
                 pin.restore(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
