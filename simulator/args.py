@@ -238,10 +238,7 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
                     reset_per_seq=bool(config.reset_per_sequence), overlap=overlap,
                     prefetch=pf_code, pf_depth=int(config.prefetch_depth), step_pin=bool(config.step_pin),
-                    max_uploads=int(config.max_uploads or 0), ext=())
-    if (overlap != prefetch_mod.OVERLAP_NONE or pf_code != prefetch_mod.NONE or policy.step_pin or policy.max_uploads
-            or policy.miss == miss_mod.LOWBIT_ALL or n_low):
-        policy = policy._replace(ext=(1,))
+                    max_uploads=int(config.max_uploads or 0), ext=(1,) if needs_ext(config, cost) else ())
     succ, cnt = np.zeros((0, 0, 0), np.int16), np.zeros((0, 0, 0), np.int64)
     if pf_code == prefetch_mod.NEXT_LAYER:
         succ, cnt = next_layer_table(source, config)
@@ -259,6 +256,12 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                   pf_scal=np.zeros(N_PF_SCAL, np.int64), pf_score=np.zeros(E if n_pf else 0, np.float64),
                   pf_pick=np.zeros(E if n_pf else 0, np.int64), spin=np.full((n_obj, 2), -1.0, np.float64))
     return policy, setup, state, slots, ram_cap
+
+
+def needs_ext(config: SimConfig, cost: Any) -> bool:
+    """Whether the replay runs the kernel variant compiled with the engine features (Policy.ext)."""
+    return (overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or config.prefetch != "none" or config.step_pin
+            or bool(config.max_uploads) or miss_mod.miss_quant(config.miss) is not None or bool(config.lowbit_share))
 
 
 def overlap_of(config: SimConfig, cost: Any) -> int:

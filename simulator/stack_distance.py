@@ -47,16 +47,17 @@ def _forget(bit, last):
 
 
 @njit(cache=True)
-def stack_histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq):
-    """Histograms of LRU stack distances, counting requests of tokens >= warmup_tokens (the cache
-    still sees the earlier ones). Returns (per_layer [L, E+1]: distance within the layer's own
-    stream, column E = first request (never a hit); pooled [L, L*E+1]: distance in the global
-    (token, layer, rank) stream, by the layer of the request, column L*E = first request).
-    reset_per_seq: every sequence starts with an empty cache. sel < 0 is padding (skipped)."""
+def _histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq, tok_unit, n_rows):
+    """LRU stack-distance histograms of the requests of tokens >= warmup_tokens (the cache still sees the
+    earlier ones), a row per layer (``tok_unit`` empty) or per resampling unit ``tok_unit[t]`` (-1: not
+    counted): (per_layer [n_rows, E+1]: distance within the layer's own stream, column E = first request
+    (never a hit); pooled [n_rows, L*E+1]: distance in the global (token, layer, rank) stream, column L*E =
+    first request). reset_per_seq: every sequence starts with an empty cache. sel < 0 is padding."""
     T, L, k = sel.shape
     E = n_experts
-    per_layer = np.zeros((L, E + 1), np.int64)
-    pooled = np.zeros((L, L * E + 1), np.int64)
+    by_layer = tok_unit.shape[0] == 0
+    per_layer = np.zeros((n_rows, E + 1), np.int64)
+    pooled = np.zeros((n_rows, L * E + 1), np.int64)
     bit = np.zeros(T * k + 1, np.int32)
     last = np.full(E, -1, np.int64)
     for l in range(L):
@@ -66,14 +67,15 @@ def stack_histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq):
         for t in range(T):
             if reset_per_seq and t > 0 and tok_seq[t] != tok_seq[t - 1]:
                 _forget(bit, last)
+            row = l if by_layer else tok_unit[t]
             for r in range(k):
                 e = sel[t, l, r]
                 if e < 0:
                     continue
                 d = _distance(bit, last, e, pos, E)
                 pos += 1
-                if t >= warmup_tokens:
-                    per_layer[l, d] += 1
+                if t >= warmup_tokens and row >= 0:
+                    per_layer[row, d] += 1
     gbit = np.zeros(T * L * k + 1, np.int32)
     glast = np.full(L * E, -1, np.int64)
     pos = 0
@@ -81,56 +83,25 @@ def stack_histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq):
         if reset_per_seq and t > 0 and tok_seq[t] != tok_seq[t - 1]:
             _forget(gbit, glast)
         for l in range(L):
+            row = l if by_layer else tok_unit[t]
             for r in range(k):
                 e = sel[t, l, r]
                 if e < 0:
                     continue
                 d = _distance(gbit, glast, l * E + e, pos, L * E)
                 pos += 1
-                if t >= warmup_tokens:
-                    pooled[l, d] += 1
+                if t >= warmup_tokens and row >= 0:
+                    pooled[row, d] += 1
     return per_layer, pooled
 
 
-@njit(cache=True)
+def stack_histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq):
+    """Histograms of LRU stack distances by layer: (per_layer [L, E+1], pooled [L, L*E+1]) (_histograms)."""
+    return _histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq, np.empty(0, np.int64), sel.shape[1])
+
+
 def unit_histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq, tok_unit, n_units):
     """As stack_histograms, summed over layers and split by resampling unit (``tok_unit[t]``, -1: not
     counted): (per_layer [n_units, E+1], pooled [n_units, L*E+1]). The hits of unit u at N slots per
     layer are the sum of per_layer[u, :N] (per-layer caches) or of pooled[u, :N*L] (one pool)."""
-    T, L, k = sel.shape
-    E = n_experts
-    per_layer = np.zeros((n_units, E + 1), np.int64)
-    pooled = np.zeros((n_units, L * E + 1), np.int64)
-    bit = np.zeros(T * k + 1, np.int32)
-    last = np.full(E, -1, np.int64)
-    for l in range(L):
-        bit[:] = 0
-        last[:] = -1
-        pos = 0
-        for t in range(T):
-            if reset_per_seq and t > 0 and tok_seq[t] != tok_seq[t - 1]:
-                _forget(bit, last)
-            for r in range(k):
-                e = sel[t, l, r]
-                if e < 0:
-                    continue
-                d = _distance(bit, last, e, pos, E)
-                pos += 1
-                if t >= warmup_tokens and tok_unit[t] >= 0:
-                    per_layer[tok_unit[t], d] += 1
-    gbit = np.zeros(T * L * k + 1, np.int32)
-    glast = np.full(L * E, -1, np.int64)
-    pos = 0
-    for t in range(T):
-        if reset_per_seq and t > 0 and tok_seq[t] != tok_seq[t - 1]:
-            _forget(gbit, glast)
-        for l in range(L):
-            for r in range(k):
-                e = sel[t, l, r]
-                if e < 0:
-                    continue
-                d = _distance(gbit, glast, l * E + e, pos, L * E)
-                pos += 1
-                if t >= warmup_tokens and tok_unit[t] >= 0:
-                    pooled[tok_unit[t], d] += 1
-    return per_layer, pooled
+    return _histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq, tok_unit, n_units)

@@ -14,6 +14,7 @@ from typing import Any
 from moesim.errors import MoesimError
 from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
+from moesim.simulator.args import needs_ext
 from moesim.simulator.bootstrap import CI
 from moesim.simulator.driver import ensure_compiled
 from moesim.simulator.rotation import warm_unit_sums
@@ -162,7 +163,8 @@ def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None =
     if executor == "ray":
         yield from _ray(work, jobs, routings, costs, stats if stats is not None else {}, ci)
         return
-    ensure_compiled()  # compile or load once, before forking, so no worker compiles
+    for ext in {needs_ext(t.config, costs[t.cost]) for t in work}:
+        ensure_compiled(ext)  # compile or load once, before forking, so no worker compiles
     for i, r in enumerate(routings):
         if isinstance(r, DecodedStore):
             if any(t.trace == i and registry.get(t.config.eviction_name).uses_next_request for t in work):

@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from test_hostile_input import varint
 
 from moesim.errors import MoesimError
 from moesim.jsonable import plain
@@ -59,15 +60,6 @@ def _check(fn, what: str, seed: int):
         pytest.fail(f"{what} (seed {seed}): {type(exc).__name__}: {exc}")
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
 def _forge_footer_number(data: bytes, rng: np.random.Generator) -> bytes:
     """Replace one i32/i64 field of the Thrift footer (row counts, offsets, sizes, value counts) by 0, a
     small number or a huge one, and fix the footer length: the file still parses, its numbers lie."""
@@ -82,7 +74,7 @@ def _forge_footer_number(data: bytes, rng: np.random.Generator) -> bytes:
     while j < len(footer) and footer[j] & 0x80:
         j += 1
     value = [0, 1, int(rng.integers(2, 100)), 10**12, 2**62, -1][int(rng.integers(0, 6))]
-    footer[i:j + 1] = _varint((value << 1) ^ (value >> 63))  # zigzag
+    footer[i:j + 1] = varint((value << 1) ^ (value >> 63))  # zigzag
     return data[:start] + bytes(footer) + len(footer).to_bytes(4, "little") + b"PAR1"
 
 

@@ -65,7 +65,8 @@ def test_hostile_metadata(edit, pattern, good, tmp_path):
 # ---------------------------------------------------------------------------------------------- footers
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """A Thrift compact-protocol varint (Parquet footers)."""
     out = bytearray()
     while True:
         out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
@@ -81,12 +82,12 @@ def forge_counts(data: bytes, old: int, new: int, which: list[int]) -> bytes:
     n = int.from_bytes(data[-8:-4], "little")
     start = len(data) - 8 - n
     footer = data[start:-8]
-    pat = b"\x16" + _varint(old << 1)
+    pat = b"\x16" + varint(old << 1)
     hits = [m.start() for m in re.finditer(re.escape(pat), footer)]
     which = [h if h >= 0 else len(hits) + h for h in which]
     for k in sorted(which, reverse=True):
         i = hits[k]
-        footer = footer[:i] + b"\x16" + _varint(new << 1) + footer[i + len(pat):]
+        footer = footer[:i] + b"\x16" + varint(new << 1) + footer[i + len(pat):]
     return data[:start] + footer + len(footer).to_bytes(4, "little") + b"PAR1"
 
 
