@@ -103,7 +103,8 @@ class State(NamedTuple):
 class Out(NamedTuple):
     layer_counts: np.ndarray  # int64 [L, N_COUNTERS], counted tokens only
     layer_mass: np.ndarray    # float64 [L]
-    tok_counts: np.ndarray    # int64 [T, N_COUNTERS], every step (of the chunk, when streamed)
+    tok_counts: np.ndarray    # int64 [N_COUNTERS, T] (counter-major), every step (of the chunk, when streamed);
+    #                           zeros: the kernel adds into it
     tok_mass: np.ndarray      # float64 [T]
     tok_seconds: np.ndarray   # float64 [T]: simulated seconds per step
     tok_stall: np.ndarray     # float64 [T]: seconds a step waited for the link
@@ -186,7 +187,7 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
         state = state._replace(pf_prev=np.full((L, k), -1, np.int16))
     shape = (T, L, k) if record else (0, 0, 0)
     out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
-              tok_counts=np.zeros((T, N_COUNTERS), np.int64), tok_mass=np.zeros(T, np.float64),
+              tok_counts=np.zeros((N_COUNTERS, T), np.int64), tok_mass=np.zeros(T, np.float64),
               tok_seconds=np.zeros(T, np.float64), tok_stall=np.zeros(T, np.float64),
               outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16))
     return Prepared(args=KernelArgs(steps, policy, setup, state, out), run=run, members=members,

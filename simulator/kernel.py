@@ -353,7 +353,8 @@ def replay(steps, policy, setup, state, out):
     """Replay the tokens of ``steps`` (tokens steps.t0 .. steps.t0 + T - 1 of the trace; simulator/args.py
     names every array) continuing from ``state``: a whole trace in one call, or a streamed trace chunk by
     chunk with the same state. Adds counters into out.layer_counts/layer_mass (tokens from
-    policy.warmup_tokens on); sets out.tok_counts/tok_mass/tok_seconds/tok_stall (the chunk's tokens);
+    policy.warmup_tokens on) and, per token of the chunk, into out.tok_counts (counter-major, from zeros);
+    sets out.tok_mass/tok_seconds/tok_stall (the chunk's tokens);
     with a decision record (out.outcome non-empty), each request's outcome and substitute.
     steps.sel entries < 0 are padding (batched routing); steps.w: the weights the miss policy reads;
     steps.wm: the gate mass a substitution or drop loses; steps.next_req and steps.first_req: ticks."""
@@ -439,9 +440,8 @@ def replay(steps, policy, setup, state, out):
                 decay_base = tg
                 inc = 1.0
         counting = tg >= warmup
-        for c in range(N_COUNTERS):
-            tok_counts[t, c] = 0
         tmass = 0.0
+        tk_req = tk_hit = tk_fetch = tk_evict = tk_admit = 0  # the token's frequent counters, over its layers
 
         for l in range(L):
             pool = pool_of_layer[l]
@@ -621,10 +621,15 @@ def replay(steps, policy, setup, state, out):
             if ov:
                 now, stall = overlap.finish(ov, now, m_link, s_vram, h, h0, link_free, stall)
             tmass += smass
-            _add(tok_counts, t, n_req, n_hit, n_fetch, n_evict, n_admit)
+            tk_req += n_req
+            tk_hit += n_hit
+            tk_fetch += n_fetch
+            tk_evict += n_evict
+            tk_admit += n_admit
             if counting:
                 _add(layer_counts, l, n_req, n_hit, n_fetch, n_evict, n_admit)
                 layer_mass[l] += smass
+        _add_token(tok_counts, t, tk_req, tk_hit, tk_fetch, tk_evict, tk_admit)
         tok_mass[t] = tmass
         tok_seconds[t] = now - t_start
         tok_stall[t] = stall
@@ -646,8 +651,20 @@ def _add(counts, i, n_req, n_hit, n_fetch, n_evict, n_admit):
 
 
 @njit(inline="always")
+def _add_token(tok_counts, t, n_req, n_hit, n_fetch, n_evict, n_admit):
+    """Add a token's frequent counters (summed over its layers in locals) into its column: counter-major,
+    so that a token writes these six streams and leaves the rare counters' memory untouched."""
+    tok_counts[REQUESTS, t] += n_req
+    tok_counts[HITS, t] += n_hit
+    tok_counts[MISSES, t] += n_req - n_hit
+    tok_counts[FETCHES, t] += n_fetch
+    tok_counts[EVICTIONS, t] += n_evict
+    tok_counts[ADMISSIONS, t] += n_admit
+
+
+@njit(inline="always")
 def _bump(tok_counts, layer_counts, t, l, c, counting):
-    """Count a rarer event straight into its token's and (when counted) its layer's row."""
-    tok_counts[t, c] += 1
+    """Count a rarer event straight into its token's column and (when counted) its layer's row."""
+    tok_counts[c, t] += 1
     if counting:
         layer_counts[l, c] += 1
