@@ -66,8 +66,9 @@ class Policy(NamedTuple):
     pf_depth: int          # prefetch for the layer this many ahead (same token)
     step_pin: bool         # --step-pin: hits first, the step's experts not evicted by its misses, fetches together
     max_uploads: int       # at most this many fetched experts admitted per layer per step (0: no cap)
-    ext: tuple             # () when none of overlap, prefetch, step_pin, max_uploads, a low-bit miss or tier is on,
-    #                        else (1,): its length is a type, so the kernel compiles the plain replay without them
+    ext: tuple             # () for a fetch-all replay with none of overlap, prefetch, step_pin, max_uploads or a
+    #                        low-bit tier on, else (1,): its length is a type, so the kernel compiles the plain
+    #                        replay without them (simulator/kernel.py)
 
 
 class Setup(NamedTuple):
@@ -260,9 +261,10 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
 
 
 def needs_ext(config: SimConfig, cost: Any) -> bool:
-    """Whether the replay runs the kernel variant compiled with the engine features (Policy.ext)."""
-    return (overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or config.prefetch != "none" or config.step_pin
-            or bool(config.max_uploads) or miss_mod.miss_quant(config.miss) is not None or bool(config.lowbit_share))
+    """Whether the replay runs the kernel variant compiled with the engine features and the miss policies other
+    than fetch-all (Policy.ext); the plain variant fetches every miss."""
+    return (config.miss_name != "fetch-all" or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE
+            or config.prefetch != "none" or config.step_pin or bool(config.max_uploads) or bool(config.lowbit_share))
 
 
 def overlap_of(config: SimConfig, cost: Any) -> int:

@@ -370,8 +370,10 @@ def replay(steps, policy, setup, state, out):
     pool_of_layer, cost, lowbit_res = setup.pool_of_layer, setup.cost, setup.lowbit_res
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
-    # A compile-time constant (policy.ext's length is part of its type, simulator/args.py): a replay without
-    # overlap, prefetch, step pinning, an upload cap or low-bit experts runs a variant compiled without them.
+    # A compile-time constant (policy.ext's length is part of its type, simulator/args.py): a fetch-all replay
+    # without overlap, prefetch, step pinning, an upload cap or low-bit experts runs a variant compiled without
+    # them, where every miss is fetched: the substitution, drop and CPU paths are not in its loop at all (their
+    # mere presence, unused, made the fetch-all replay ~15-20% slower: more live values, a longer loop).
     ext = len(policy.ext) > 0
     step_pin = ext and policy.step_pin
     max_up = policy.max_uploads if ext else 0
@@ -407,7 +409,8 @@ def replay(steps, policy, setup, state, out):
     s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
     s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
     s_lowbit_vram = cost[S_LOWBIT_VRAM]
-    substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
+    substitutes = ext and (miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE
+                           or miss_code == miss.SUBSTITUTE_ALL)
     copies = beta > 0.0 and admits
     # overlap (simulator/overlap.py) and prefetch (simulator/prefetch.py): off, they leave the loop as it was
     ov = policy.overlap if timed and ext else 0
@@ -524,8 +527,8 @@ def replay(steps, policy, setup, state, out):
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_HIT
                     continue
-                wr = w[t, l, r]
-                action = miss.decide(miss_code, r, wr, theta)
+                wr = w[t, l, r] if ext else 0.0  # the plain variant fetches every miss: no weight to read
+                action = miss.decide(miss_code, r, wr, theta) if ext else miss.FETCH
                 if tier and lowbit_res[o]:
                     if timed:
                         now += s_lowbit_vram
