@@ -19,51 +19,60 @@ def encode(ids, layer, where, n_layers):
     independent, so they are coded in parallel. Returns (codes, the first row whose ids repeat or
     leave 0..E-1, else n).
 
-    The codes are the ids' entries in ``where``; the list (position -> expert) is rebuilt from it and
-    only its first h + 1 positions change, h the largest code of the row: walking them from the back,
-    every expert that stays shifts back over the moved ones (branch-free: each is stored, and the next
-    one overwrites a moved one), then the row fills the front."""
+    The codes are the ids' entries in ``where``. Only the list's first h + 1 positions change, h the
+    row's largest code: walking them from the back, every expert that stays shifts back over the
+    moved ones (branch-free: each is stored, and the next one overwrites a moved one), then the row
+    fills the front. The walk uses unsigned 16-bit copies of the state (no negative-index checks, and
+    a layer's state fits in the L1 cache)."""
     n, m = ids.shape
     E = where.shape[1]
     out = np.empty((n, m), np.int32)
     parts = 2  # layer classes coded in parallel (one per core here); each scans the rows in file order
     bad = np.full(parts, n, np.int64)
+    one = np.uint64(1)
     for part in prange(parts):
-        lists = np.empty(where.shape, np.int32)
+        lists = np.empty(where.shape, np.uint16)  # position -> expert
+        wher = np.empty(where.shape, np.uint16)  # expert -> position
         for lay in range(part, where.shape[0], parts):
             for e in range(E):
                 lists[lay, where[lay, e]] = e
-        mark = np.zeros(E, np.int64)
+                wher[lay, e] = where[lay, e]
+        mark = np.zeros(E, np.uint8)
         for i in range(n):
             if layer[i] % parts != part:
                 continue
-            wh = where[layer[i]]
+            wh = wher[layer[i]]
             lst = lists[layer[i]]
             ok = True
-            h = 0
+            h = np.uint64(0)
             for r in range(m):
                 e = ids[i, r]
                 if e < 0 or e >= E or mark[e]:
                     ok = False  # out of range, or a repeated id
                     break
                 mark[e] = 1
-                p = wh[e]
+                p = np.uint64(wh[e])
                 out[i, r] = p
                 h = max(h, p)
             if not ok:
                 bad[part] = i
                 break
             j = h
-            for q in range(h, -1, -1):
-                e = lst[q]
+            q = h + one
+            while q > 0:
+                q -= one
+                e = np.uint64(lst[q])
                 lst[j] = e
                 wh[e] = j
-                j -= 1 - mark[e]
+                j -= one - np.uint64(mark[e])
             for r in range(m):
                 e = ids[i, r]
                 lst[r] = e
                 wh[e] = r
                 mark[e] = 0
+        for lay in range(part, where.shape[0], parts):
+            for e in range(E):
+                where[lay, e] = wher[lay, e]
     return out, bad.min()
 
 
