@@ -10,9 +10,10 @@ vectorize. The discrete draws match the continuous ones to ~1e-4 in the bulk (th
 1/32); the extreme buckets stand for the tails, so a normal is within +-4.33 and a Gumbel below
 11.79 (each bound passed with probability 7.6e-6 by the continuous law).
 
-Layer coupling (knob ``couple``): ``linked_draws`` first resolves, per (token, layer, expert), whose
-random bits the element uses (its own, or, with probability ``couple``, those its predecessor at the
-previous layer uses), a chunk of tokens at a time in parallel over tokens; ``generate`` then reads them.
+Layer coupling (knob ``couple``): ``generate`` first resolves, per (token, layer, expert), whose random
+bits the element uses (its own, or, with probability ``couple``, those its predecessor at the previous
+layer uses; ``linked_draws``), a block of tokens at a time in parallel over tokens, then reads them in
+parallel over layers.
 """
 
 import math
@@ -107,8 +108,8 @@ def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, 
              ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, pred, link16, draws):
     """Tokens t0 .. t0 + c - 1 (c = len(dom)); z [L, E] is the drift state, carried between calls.
     With layer coupling (link16 > 0) the random bits are linked_draws', computed here a block of
-    ``len(draws)`` tokens at a time into the scratch ``draws`` [B, L, E], so that they are still in the
-    CPU cache when the layers read them (the same bits for any block size).
+    ``len(draws)`` tokens at a time into the scratch ``draws`` [B, L, E] (the same bits for any block size;
+    a small block keeps them in the CPU cache, a large one makes fewer parallel regions).
 
     Per (token, layer) row (r = i * L + l), ``keys[r, :counts[r]]`` are int32 keys
     ((QMAX - q) << ID_BITS | e, smaller is better) that include the row's ``m`` best; thr [L] is

@@ -32,7 +32,7 @@ CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per k
 # generator 2 with layer coupling: at most this many (token, layer, expert) per call (the chunks, hence the
 # written batches, of the sparse layout's files depend on it)
 LINKED_DRAWS = 2 << 20
-LINK_BLOCK = 8  # generator 2 with layer coupling: tokens whose linked draws are made at a time (cache-sized)
+LINK_BLOCK = 32  # generator 2 with layer coupling: tokens whose linked draws are made at a time (1.5 MB)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
