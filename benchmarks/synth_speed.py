@@ -1,11 +1,22 @@
 """`moesim synth` speed: generator 2 (jitted, the default) vs generator 1 (the original numpy one), side
 by side in one process, for the Qwen3-235B-A22B geometry (94 MoE layers x 128 experts, top-8, 32
-candidates); tokens/s by wall clock and per CPU-second, and bytes per token.
+candidates); tokens/s by wall clock and per CPU-second (all threads of the process), bytes per token, and
+the load average of the machine around each run.
 
     python benchmarks/synth_speed.py [--tokens 20000] [--old-tokens 2000] [--preset qwen3-235b-a22b]
+    python benchmarks/synth_speed.py --default-only --stages [--against CHECKOUT] [--rounds 3]
 
 Also generator 2 without layer coupling (knob couple = 0: the generator before coupling, same bytes) and
 with the lookahead column, so the cost of each is measured in the same process.
+
+``--stages``: where the CPU goes, one thread (numba's threads set to 1, the generator not run ahead):
+the generator (kernel and candidate sort), move-to-front coding of the ids, and the rest (Parquet/zstd,
+the writer's checks and Python), in CPU seconds per 10,000 tokens; the sum is what one core needs.
+
+``--against CHECKOUT``: the same measurement (default row and stages) of another checkout of moesim (e.g.
+``git worktree add /tmp/base <commit>``), each in a fresh process, alternating with this checkout for
+``--rounds`` rounds, so both see the same load. The other checkout's sources are put first on the import
+path (through a temporary directory of links laid out like the installed package).
 
 Generator 1 runs on fewer tokens (it is slow); its rate does not depend on the length. The machine is
 shared: wall-clock rates fall when other jobs run, CPU-time rates much less.
@@ -14,16 +25,25 @@ shared: wall-clock rates fall when other jobs run, CPU-time rates much less.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
-from moesim.traces.synth_presets import PRESETS
-from moesim.traces.synthetic import synthesize
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def run(preset: str, tokens: int, path: Path, **kw) -> tuple[float, float, int]:
+    from moesim.traces.synthetic import synthesize
+
     t0, c0 = time.perf_counter(), time.process_time()
     synthesize(preset, tokens, path=path, **kw)
     return time.perf_counter() - t0, time.process_time() - c0, path.stat().st_size
@@ -34,34 +54,151 @@ def main() -> None:
     ap.add_argument("--preset", default="qwen3-235b-a22b")
     ap.add_argument("--tokens", type=int, default=20000)
     ap.add_argument("--old-tokens", type=int, default=2000)
+    ap.add_argument("--default-only", action="store_true", help="only the default command (generator 2, ranked)")
+    ap.add_argument("--stages", action="store_true", help="CPU per stage, one thread")
+    ap.add_argument("--against", type=Path, help="another checkout of moesim, measured alternately")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one result line (for --against)
     args = ap.parse_args()
+    if args.against:
+        against(args)
+        return
     with tempfile.TemporaryDirectory(prefix="moesim-synth") as d:
         measure(args, Path(d))
 
 
 def measure(args, tmp: Path) -> None:
+    from moesim.traces.synth_presets import PRESETS
+    from moesim.traces.synthetic import synthesize
+
     synthesize(args.preset, 50, path=tmp / "warm.parquet")  # compile (or load) the kernels first
-    print(f"{args.preset}, {os.cpu_count()} cores")
+    if not args.json:
+        print(f"{args.preset}, {os.cpu_count()} cores")
     rows = []
     uncoupled = PRESETS[args.preset].replace(couple=0.0)
-    synthesize(args.preset, 50, path=tmp / "warm.parquet", knobs=uncoupled, lookahead=True)
-    for label, tokens, kw in (("generator 2, ranked (default)", args.tokens, {}),
-                              ("generator 2, ranked, uncoupled", args.tokens, {"knobs": uncoupled}),
-                              ("generator 2, ranked, --lookahead", args.tokens, {"lookahead": True}),
-                              ("generator 2, sparse", args.tokens, {"layout": "sparse"}),
-                              ("generator 1, ranked", args.old_tokens, {"generator": 1}),
-                              ("generator 1, sparse (before #17)", args.old_tokens,
-                               {"generator": 1, "layout": "sparse"})):
+    cases: list[tuple[str, int, dict]] = [("generator 2, ranked (default)", args.tokens, {})]
+    if not args.default_only:
+        synthesize(args.preset, 50, path=tmp / "warm.parquet", knobs=uncoupled, lookahead=True)
+        cases += [("generator 2, ranked, uncoupled", args.tokens, {"knobs": uncoupled}),
+                  ("generator 2, ranked, --lookahead", args.tokens, {"lookahead": True}),
+                  ("generator 2, sparse", args.tokens, {"layout": "sparse"}),
+                  ("generator 1, ranked", args.old_tokens, {"generator": 1}),
+                  ("generator 1, sparse (before #17)", args.old_tokens, {"generator": 1, "layout": "sparse"})]
+    result: dict = {}
+    for label, tokens, kw in cases:
+        before = load()
         wall, cpu, size = run(args.preset, tokens, tmp / "t.parquet", **kw)
         rows.append((label, tokens, tokens / wall, tokens / cpu, size / tokens))
-        print(f"{label:34s} {tokens:6d} tokens: {tokens / wall:8,.0f} tokens/s wall, "
-              f"{tokens / cpu:8,.0f} tokens per CPU-second, {size / tokens:6,.0f} B/token", flush=True)
+        result.update(wall=tokens / wall, cpu=tokens / cpu, bytes=size / tokens, load=before)
+        if not args.json:
+            print(f"{label:34s} {tokens:6d} tokens: {tokens / wall:8,.0f} tokens/s wall, "
+                  f"{tokens / cpu:8,.0f} tokens per CPU-second, {size / tokens:6,.0f} B/token ({before})",
+                  flush=True)
+    if args.stages:
+        result["stages"] = stages(args.preset, args.tokens, tmp)
+        if not args.json:
+            print_stages(result["stages"])
+    if args.json:
+        print(json.dumps(result))
+    if args.default_only:
+        return
     new, old = rows[0], rows[5]
     print(f"coupled / uncoupled: {rows[0][2] / rows[1][2]:.2f}x wall, {rows[0][3] / rows[1][3]:.2f}x CPU; "
           f"--lookahead / default: {rows[2][3] / rows[0][3]:.2f}x CPU")
     print(f"speed-up of the default over the old command: {new[2] / old[2]:.1f}x wall, {new[3] / old[3]:.1f}x CPU; "
           f"bytes {new[4] / old[4]:.2f}x")
 
+
+def stages(preset: str, tokens: int, tmp: Path) -> dict:
+    """CPU seconds per 10,000 tokens of each stage of the default command, on one thread."""
+    import numba
+    import numpy as np
+
+    from moesim.costmodel.models import load_model
+    from moesim.traces import ranked as rk
+    from moesim.traces import synthetic as S
+    from moesim.traces.synth_presets import PRESETS
+
+    numba.set_num_threads(1)
+    ahead = S._ahead
+    S._ahead = lambda chunks, depth=2: chunks  # the generator in the calling thread
+    try:
+        c0 = time.process_time()
+        S.synthesize(preset, tokens, path=tmp / "s.parquet")
+        total = time.process_time() - c0
+    finally:
+        S._ahead = ahead
+    model, kn = load_model(preset), PRESETS[preset]
+    L, E = len(model.moe_layers), model.n_experts
+    M = min(E, kn.candidates)
+    names = list(kn.default_domains) or ["general"]
+    weights = np.array([kn.domain(d).weight for d in names], dtype=np.float64)
+    seq, pos, dom = S.plan_tokens(tokens, 1, len(names), kn, weights, S._rng(0, "layout"))
+    base = S.base_scores(0, L, E, names, kn)
+    c0 = time.process_time()
+    ids = [x[1] for x in S._chunks_v2(base, seq, pos, dom, kn, 0, M, full=False, lse=False, weights=weights)]
+    gen = time.process_time() - c0
+    ids32 = np.concatenate(ids).astype(np.int32)
+    lay = np.tile(np.arange(L, dtype=np.int32), tokens)
+    mtf, R = rk.codec(), 65536
+    c0 = time.process_time()
+    for s in range(0, len(ids32), R):
+        mtf.encode(ids32[s:s + R], lay[s:s + R], rk.new_state(L, E)[1], L)
+    code = time.process_time() - c0
+    per = 10000 / tokens
+    return {"generator": gen * per, "move-to-front": code * per, "rest": (total - gen - code) * per,
+            "total": total * per}
+
+
+def print_stages(st: dict) -> None:
+    print("one thread, CPU s per 10,000 tokens: " + ", ".join(f"{k} {v:.3f}" for k, v in st.items())
+          + f" -> {10000 / st['total']:,.0f} tokens per CPU-second")
+
+
+def _package_links(checkout: Path, tmp: Path) -> Path:
+    """A directory that imports as the checkout's moesim namespace (pyproject's package-dir as links)."""
+    dirs = tomllib.loads((checkout / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    root = tmp / "moesim"
+    root.mkdir(parents=True)
+    for f in (checkout / dirs["moesim"]).iterdir():
+        (root / f.name).symlink_to(f.resolve())
+    for name, d in dirs.items():
+        parts = name.split(".")
+        if len(parts) == 2:
+            (root / parts[1]).symlink_to((checkout / d).resolve())
+    return tmp
+
+
+def against(args) -> None:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--preset", args.preset, "--tokens", str(args.tokens),
+           "--default-only", "--stages", "--json"]
+    with tempfile.TemporaryDirectory(prefix="moesim-synth-base") as d:
+        env_base = dict(os.environ, PYTHONPATH=str(_package_links(args.against.resolve(), Path(d) / "before")))
+        env_this = dict(os.environ, PYTHONPATH=str(_package_links(REPO, Path(d) / "after")))
+        print(f"{args.preset}, {args.tokens} tokens, {os.cpu_count()} cores; before = {args.against}, "
+              f"after = {REPO}")
+        res: dict[str, list] = {"before": [], "after": []}
+        for r in range(args.rounds):
+            for name, env in (("before", env_base), ("after", env_this)):
+                out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+                x = json.loads(out.strip().splitlines()[-1])
+                res[name].append(x)
+                st = x["stages"]
+                print(f"round {r + 1} {name:6s}: {x['wall']:7,.0f} tokens/s wall, {x['cpu']:7,.0f} tokens per "
+                      f"CPU-second (2 threads), {x['bytes']:5,.0f} B/token ({x['load']}); one thread: "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in st.items()) + " CPU s per 10k tokens", flush=True)
+        b, a = res["before"], res["after"]
+
+        def mean(rows, key):
+            return sum(x[key] if isinstance(key, str) else key(x) for x in rows) / len(rows)
+
+        def one(x):
+            return x["stages"]["total"]
+
+        print(f"after / before (mean of {args.rounds}): wall {mean(a, 'wall') / mean(b, 'wall'):.2f}x, "
+              f"CPU (2 threads) {mean(a, 'cpu') / mean(b, 'cpu'):.2f}x, "
+              f"one-thread CPU {mean(b, one) / mean(a, one):.2f}x; "
+              f"one thread: {10000 / mean(b, one):,.0f} -> {10000 / mean(a, one):,.0f} tokens per CPU-second")
 
 if __name__ == "__main__":
     main()

@@ -19,56 +19,61 @@ def encode(ids, layer, where, n_layers):
     independent, so they are coded in parallel. Returns (codes, the first row whose ids repeat or
     leave 0..E-1, else n).
 
-    The list itself is not kept: an expert behind the moved ones shifts back by the number of
-    moved experts that were behind it, a popcount over a bitmap of their old positions."""
+    The codes are the ids' entries in ``where``. Only the list's first h + 1 positions change, h the
+    row's largest code: walking them from the back, every expert that stays shifts back over the
+    moved ones (branch-free: each is stored, and the next one overwrites a moved one), then the row
+    fills the front. The walk uses unsigned 16-bit copies of the state (no negative-index checks, and
+    a layer's state fits in the L1 cache)."""
     n, m = ids.shape
     E = where.shape[1]
-    W = (E + 63) // 64
     out = np.empty((n, m), np.int32)
     parts = 2  # layer classes coded in parallel (one per core here); each scans the rows in file order
     bad = np.full(parts, n, np.int64)
+    one = np.uint64(1)
     for part in prange(parts):
-        bits = np.zeros(W + 1, np.uint64)
-        above = np.zeros(W + 1, np.int64)
+        lists = np.empty(where.shape, np.uint16)  # position -> expert
+        wher = np.empty(where.shape, np.uint16)  # expert -> position
+        for lay in range(part, where.shape[0], parts):
+            for e in range(E):
+                lists[lay, where[lay, e]] = e
+                wher[lay, e] = where[lay, e]
+        mark = np.zeros(E, np.uint8)
         for i in range(n):
             if layer[i] % parts != part:
                 continue
-            wh = where[layer[i]]
-            for w in range(W + 1):
-                bits[w] = 0
+            wh = wher[layer[i]]
+            lst = lists[layer[i]]
             ok = True
+            h = np.uint64(0)
             for r in range(m):
                 e = ids[i, r]
-                if e < 0 or e >= E:
-                    ok = False
+                if e < 0 or e >= E or mark[e]:
+                    ok = False  # out of range, or a repeated id
                     break
-                p = wh[e]
-                one = np.uint64(1) << np.uint64(p & 63)
-                if bits[p >> 6] & one:
-                    ok = False  # a repeated id
-                    break
-                bits[p >> 6] |= one
+                mark[e] = 1
+                p = np.uint64(wh[e])
                 out[i, r] = p
+                h = max(h, p)
             if not ok:
                 bad[part] = i
                 break
-            for w in range(W - 1, -1, -1):
-                above[w] = above[w + 1] + np.int64(_popcount(bits[w + 1]))
-            for e in range(E):
-                p = wh[e]
-                # moved experts behind p: later words, then the higher bits of p's word
-                wh[e] = p + above[p >> 6] + np.int64(_popcount((bits[p >> 6] >> np.uint64(p & 63)) >> np.uint64(1)))
+            j = h
+            q = h + one
+            while q > 0:
+                q -= one
+                e = np.uint64(lst[q])
+                lst[j] = e
+                wh[e] = j
+                j -= one - np.uint64(mark[e])
             for r in range(m):
-                wh[ids[i, r]] = r
+                e = ids[i, r]
+                lst[r] = e
+                wh[e] = r
+                mark[e] = 0
+        for lay in range(part, where.shape[0], parts):
+            for e in range(E):
+                where[lay, e] = wher[lay, e]
     return out, bad.min()
-
-
-@njit(inline="always")
-def _popcount(x):
-    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
-    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
-    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
-    return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)
 
 
 @njit(cache=True)

@@ -10,9 +10,10 @@ vectorize. The discrete draws match the continuous ones to ~1e-4 in the bulk (th
 1/32); the extreme buckets stand for the tails, so a normal is within +-4.33 and a Gumbel below
 11.79 (each bound passed with probability 7.6e-6 by the continuous law).
 
-Layer coupling (knob ``couple``): ``linked_draws`` first resolves, per (token, layer, expert), whose
-random bits the element uses (its own, or, with probability ``couple``, those its predecessor at the
-previous layer uses), a chunk of tokens at a time in parallel over tokens; ``generate`` then reads them.
+Layer coupling (knob ``couple``): ``generate`` first resolves, per (token, layer, expert), whose random
+bits the element uses (its own, or, with probability ``couple``, those its predecessor at the previous
+layer uses; ``linked_draws``), a block of tokens at a time in parallel over tokens, then reads them in
+parallel over layers.
 """
 
 import math
@@ -51,23 +52,26 @@ def linked_draws(key, t0, n_layers, pred, link16, out):
     the normal, then the 16 of the Gumbel). With probability link16 / 65536 (the draw's low 16 bits
     decide) the bits of (t, l, e) are those of (t, l - 1, pred[l, e]), recursively; pred[l] is a
     permutation, so every layer's draws stay independent normals and Gumbels, as without coupling."""
-    c = out.shape[0]
-    L = n_layers
-    E = out.shape[2]
-    link = np.uint64(link16)
-    for i in prange(c):
-        linked = np.empty(E, np.bool_)
-        for l in range(L):
-            ctr = key + np.uint64(((t0 + i) * L + l) * E) * GOLDEN
-            for e in range(E):  # no branches: vectorizes
-                x = _mix(ctr + np.uint64(e) * GOLDEN)
-                lo, hi = (x >> np.uint64(16)) & np.uint64(0xFFFF), x >> np.uint64(48)
-                out[i, l, e] = np.uint32(lo | (hi << np.uint64(16)))
-                linked[e] = (x & np.uint64(0xFFFF)) < link
-            if l > 0:  # layer 0 has no predecessor
-                for e in range(E):
-                    if linked[e]:
-                        out[i, l, e] = out[i, l - 1, pred[l, e]]
+    for i in prange(out.shape[0]):
+        _link_token(key, t0 + i, n_layers, pred, np.uint64(link16), out[i])
+
+
+@njit(inline="always")
+def _link_token(key, t, L, pred, link, out):
+    """linked_draws of one token t: out [L, E]."""
+    E = out.shape[1]
+    linked = np.empty(E, np.bool_)
+    for l in range(L):
+        ctr = key + np.uint64((t * L + l) * E) * GOLDEN
+        for e in range(E):  # no branches: vectorizes
+            x = _mix(ctr + np.uint64(e) * GOLDEN)
+            lo, hi = (x >> np.uint64(16)) & np.uint64(0xFFFF), x >> np.uint64(48)
+            out[l, e] = np.uint32(lo | (hi << np.uint64(16)))
+            linked[e] = (x & np.uint64(0xFFFF)) < link
+        if l > 0:  # layer 0 has no predecessor
+            for e in range(E):
+                if linked[e]:
+                    out[l, e] = out[l - 1, pred[l, e]]
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -101,9 +105,11 @@ def lookahead_rows(ids, q, k, n_layers, t0, key, noise_q, gtab, out):
 
 @njit(cache=True, parallel=True, nogil=True)
 def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset, inv_grid,
-             ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, draws):
+             ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, pred, link16, draws):
     """Tokens t0 .. t0 + c - 1 (c = len(dom)); z [L, E] is the drift state, carried between calls.
-    ``draws`` [c, L, E] (linked_draws) replaces the per-element random bits when not empty (coupled layers).
+    With layer coupling (link16 > 0) the random bits are linked_draws', computed here a block of
+    ``len(draws)`` tokens at a time into the scratch ``draws`` [B, L, E] (the same bits for any block size;
+    a small block keeps them in the CPU cache, a large one makes fewer parallel regions).
 
     Per (token, layer) row (r = i * L + l), ``keys[r, :counts[r]]`` are int32 keys
     ((QMAX - q) << ID_BITS | e, smaller is better) that include the row's ``m`` best; thr [L] is
@@ -111,76 +117,88 @@ def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, 
     every expert's q goes there; with lse non-empty, the log-sum-exp of q * lse_grid."""
     c = dom.shape[0]
     L = n_layers
-    E = base.shape[2]
     full = qfull.shape[0] > 0
     want_lse = lse.shape[0] > 0
-    linked = draws.shape[0] > 0
+    linked = link16 > 0
     target = (m + width) // 2
-    for l in prange(L):
-        q = np.empty(E, np.int32)
-        kk = np.empty(E, np.int32)
-        for i in range(c):
-            r = i * L + l
-            ctr = key + np.uint64(((t0 + i) * L + l) * E) * GOLDEN
-            d = dom[i]
-            a = drift if newseq[i] else rho  # a new sequence starts from the drift's stationary law
-            b = drift if newseq[i] else innov
-            keep = np.float32(0.0) if newseq[i] else np.float32(1.0)
-            if linked:
-                for e in range(E):  # no branches: vectorizes
-                    v = draws[i, l, e]
-                    nrm = ntab[v & np.uint32(0xFFFF)]
-                    g = gtab[v >> np.uint32(16)]
-                    zz = keep * a * z[l, e] + b * nrm
-                    z[l, e] = zz
-                    s = (base[d, l, e] + zz + noise * g) * inv_temp + offset
-                    qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
-                    qi = np.int32(qq)
-                    q[e] = qi
-                    kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
-            else:
-                for e in range(E):  # no branches: vectorizes
-                    x = _mix(ctr + np.uint64(e) * GOLDEN)
-                    nrm = ntab[(x >> np.uint64(16)) & np.uint64(0xFFFF)]
-                    g = gtab[x >> np.uint64(48)]
-                    zz = keep * a * z[l, e] + b * nrm
-                    z[l, e] = zz
-                    s = (base[d, l, e] + zz + noise * g) * inv_temp + offset
-                    qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
-                    qi = np.int32(qq)
-                    q[e] = qi
-                    kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
-            th = thr[l]
-            n_in = 0
-            for e in range(E):  # the keys under the layer's threshold, branch-free
-                kk[n_in] = kk[e]
-                n_in += kk[e] < th
-            if n_in < m or n_in > width:
-                # the threshold missed this row: take the best `target` exactly, and restart the
-                # threshold from this row (rare once it has settled)
-                n_in, thr[l] = _exact(q, target, keys[r])
-            else:
-                for j in range(n_in):
-                    keys[r, j] = kk[j]
-                # aim the next row at ~ target candidates (one q unit is ~0.2 experts near the edge)
-                if n_in < target:
-                    thr[l] = th + (4 << ID_BITS)
-                elif n_in > target:
-                    thr[l] = th - (4 << ID_BITS)
-            for j in range(n_in, width):
-                keys[r, j] = 2147483647
-            counts[r] = n_in
-            if full:
-                for e in range(E):
-                    qfull[r, e] = q[e]
-            if want_lse:
-                mx = -1e300
-                for e in range(E):
-                    mx = max(mx, q[e] * lse_grid)
-                acc = 0.0
-                for e in range(E):
-                    acc += math.exp(q[e] * lse_grid - mx)
-                lse[r] = mx + math.log(acc)
+    step = draws.shape[0] if linked else c
+    for i0 in range(0, c, step):
+        i1 = min(c, i0 + step)
+        if linked:
+            for i in prange(i1 - i0):
+                _link_token(key, t0 + i0 + i, L, pred, np.uint64(link16), draws[i])
+        for l in prange(L):
+            _layer_rows(key, t0, L, l, i0, i1, base, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset,
+                        inv_grid, ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, linked, draws,
+                        target, full, want_lse)
+
+
+@njit(nogil=True)
+def _layer_rows(key, t0, L, l, i0, i1, base, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset, inv_grid,
+                ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, linked, draws, target, full, want_lse):
+    """generate's rows of layer l for chunk tokens i0 .. i1 - 1 (draws[i - i0] holds token i's linked bits)."""
+    E = base.shape[2]
+    q = np.empty(E, np.int32)
+    kk = np.empty(E, np.int32)
+    nv = np.empty(E, np.float32)
+    gv = np.empty(E, np.float32)
+    for i in range(i0, i1):
+        r = i * L + l
+        ctr = key + np.uint64(((t0 + i) * L + l) * E) * GOLDEN
+        d = dom[i]
+        a = drift if newseq[i] else rho  # a new sequence starts from the drift's stationary law
+        b = drift if newseq[i] else innov
+        keep = np.float32(0.0) if newseq[i] else np.float32(1.0)
+        # the table lookups first (scalar loads), then the arithmetic over the row (vectorizes)
+        if linked:
+            for e in range(E):
+                v = draws[i - i0, l, e]
+                nv[e] = ntab[v & np.uint32(0xFFFF)]
+                gv[e] = gtab[v >> np.uint32(16)]
+        else:
+            for e in range(E):
+                x = _mix(ctr + np.uint64(e) * GOLDEN)
+                nv[e] = ntab[(x >> np.uint64(16)) & np.uint64(0xFFFF)]
+                gv[e] = gtab[x >> np.uint64(48)]
+        for e in range(E):
+            zz = keep * a * z[l, e] + b * nv[e]
+            z[l, e] = zz
+            s = (base[d, l, e] + zz + noise * gv[e]) * inv_temp + offset
+            qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
+            qi = np.int32(qq)
+            q[e] = qi
+            kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
+        th = thr[l]
+        n_in = 0
+        for e in range(E):  # the keys under the layer's threshold, branch-free
+            kk[n_in] = kk[e]
+            n_in += kk[e] < th
+        if n_in < m or n_in > width:
+            # the threshold missed this row: take the best `target` exactly, and restart the
+            # threshold from this row (rare once it has settled)
+            n_in, thr[l] = _exact(q, target, keys[r])
+        else:
+            for j in range(n_in):
+                keys[r, j] = kk[j]
+            # aim the next row at ~ target candidates (one q unit is ~0.2 experts near the edge)
+            if n_in < target:
+                thr[l] = th + (4 << ID_BITS)
+            elif n_in > target:
+                thr[l] = th - (4 << ID_BITS)
+        for j in range(n_in, width):
+            keys[r, j] = 2147483647
+        counts[r] = n_in
+        if full:
+            for e in range(E):
+                qfull[r, e] = q[e]
+        if want_lse:
+            mx = -1e300
+            for e in range(E):
+                mx = max(mx, q[e] * lse_grid)
+            acc = 0.0
+            for e in range(E):
+                acc += math.exp(q[e] * lse_grid - mx)
+            lse[r] = mx + math.log(acc)
 
 
 @njit(inline="always")

@@ -29,7 +29,10 @@ GENERATOR_VERSION = 2
 GENERATORS = (1, 2)  # 1: the original numpy generator, kept to rebuild traces it made
 CHUNK_TOKENS = 64  # generator 1: tokens per block; fixed, so the random stream never depends on memory
 CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per kernel call (any size: same trace)
-LINKED_DRAWS = 2 << 20  # generator 2 with layer coupling: at most this many linked draws per call (4 bytes each: 8 MB)
+# generator 2 with layer coupling: at most this many (token, layer, expert) per call (the chunks, hence the
+# written batches, of the sparse layout's files depend on it)
+LINKED_DRAWS = 2 << 20
+LINK_BLOCK = 32  # generator 2 with layer coupling: tokens whose linked draws are made at a time (1.5 MB)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -323,12 +326,10 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
     pred, link16 = coupling_links(base, weights, kn.couple)
     chunk = max(1, CHUNK_ROWS_2 // L)
     if link16:
-        chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))  # the linked draws [c, L, E] stay in the CPU cache
+        chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))
+    draws = np.empty((LINK_BLOCK, L, E) if link16 else (0, 0, 0), dtype=np.uint32)  # scratch
     for start in range(0, T, chunk):
         c = min(chunk, T - start)
-        draws = np.empty((c, L, E) if link16 else (0, 0, 0), dtype=np.uint32)
-        if link16:
-            kern.linked_draws(key, start, L, pred, link16, draws)
         keys = np.empty((c * L, width), dtype=np.int32)
         counts = np.empty(c * L, dtype=np.int32)
         q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
@@ -337,7 +338,7 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
         kern.generate(key, start, L, base, dom[start:start + c].astype(np.int64), newseq[start:start + c], z,
                       f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
                       f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out,
-                      draws)
+                      pred, link16, draws)
         keys.sort(axis=1)  # numpy's vectorized sort of the ~M + 12 candidates per row
         ids, top_q = kern.unpack_keys(keys, M)
         yield slice(start, start + c), ids, top_q, q_full if full else None, lse_out if lse else None
