@@ -66,8 +66,9 @@ class Policy(NamedTuple):
     pf_depth: int          # prefetch for the layer this many ahead (same token)
     step_pin: bool         # --step-pin: hits first, the step's experts not evicted by its misses, fetches together
     max_uploads: int       # at most this many fetched experts admitted per layer per step (0: no cap)
-    ext: tuple             # () when none of overlap, prefetch, step_pin, max_uploads, a low-bit miss or tier is on,
-    #                        else (1,): its length is a type, so the kernel compiles the plain replay without them
+    ext: tuple             # () for a fetch-all replay with none of overlap, prefetch, step_pin, max_uploads or a
+    #                        low-bit tier on, else (1,): its length is a type, so the kernel compiles the plain
+    #                        replay without them (simulator/kernel.py)
 
 
 class Setup(NamedTuple):
@@ -103,7 +104,8 @@ class State(NamedTuple):
 class Out(NamedTuple):
     layer_counts: np.ndarray  # int64 [L, N_COUNTERS], counted tokens only
     layer_mass: np.ndarray    # float64 [L]
-    tok_counts: np.ndarray    # int64 [T, N_COUNTERS], every step (of the chunk, when streamed)
+    tok_counts: np.ndarray    # int64 [N_COUNTERS, T] (counter-major), every step (of the chunk, when streamed);
+    #                           zeros: the kernel adds into it
     tok_mass: np.ndarray      # float64 [T]
     tok_seconds: np.ndarray   # float64 [T]: simulated seconds per step
     tok_stall: np.ndarray     # float64 [T]: seconds a step waited for the link
@@ -186,7 +188,7 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
         state = state._replace(pf_prev=np.full((L, k), -1, np.int16))
     shape = (T, L, k) if record else (0, 0, 0)
     out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
-              tok_counts=np.zeros((T, N_COUNTERS), np.int64), tok_mass=np.zeros(T, np.float64),
+              tok_counts=np.zeros((N_COUNTERS, T), np.int64), tok_mass=np.zeros(T, np.float64),
               tok_seconds=np.zeros(T, np.float64), tok_stall=np.zeros(T, np.float64),
               outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16))
     return Prepared(args=KernelArgs(steps, policy, setup, state, out), run=run, members=members,
@@ -259,9 +261,10 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
 
 
 def needs_ext(config: SimConfig, cost: Any) -> bool:
-    """Whether the replay runs the kernel variant compiled with the engine features (Policy.ext)."""
-    return (overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or config.prefetch != "none" or config.step_pin
-            or bool(config.max_uploads) or miss_mod.miss_quant(config.miss) is not None or bool(config.lowbit_share))
+    """Whether the replay runs the kernel variant compiled with the engine features and the miss policies other
+    than fetch-all (Policy.ext); the plain variant fetches every miss."""
+    return (config.miss_name != "fetch-all" or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE
+            or config.prefetch != "none" or config.step_pin or bool(config.max_uploads) or bool(config.lowbit_share))
 
 
 def overlap_of(config: SimConfig, cost: Any) -> int:

@@ -68,7 +68,7 @@ def simulate(routing: Routing | DecodedStore | str | os.PathLike, config: SimCon
     members_per_step = np.ones(prep.run.n_tokens, np.int64) if members is None else (members >= 0).sum(axis=1)
     result = SimResult(
         config=config, layer_ids=tuple(routing.meta.moe_layers), counts=out.layer_counts, mass=out.layer_mass,
-        token_counts=out.tok_counts, token_mass=out.tok_mass,
+        token_counts=out.tok_counts.T, token_mass=out.tok_mass,
         counted_tokens=int(members_per_step[prep.warmup_steps:].sum()), slots_per_layer=prep.slots,
         n_experts=routing.n_experts, trace_digest=routing.digest, synthetic=routing.synthetic,
         replay_seconds=seconds, token_seconds=out.tok_seconds, token_stall=out.tok_stall,
@@ -130,7 +130,7 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
     n = store.chunk_tokens(chunk_tokens)
     first = store.first_requests() if ev.uses_next_request else np.zeros(L * store.n_experts, np.int64)
     layer_counts, layer_mass = np.zeros((L, N_COUNTERS), np.int64), np.zeros(L, np.float64)
-    bufs = Out(layer_counts=layer_counts, layer_mass=layer_mass, tok_counts=np.zeros((n, N_COUNTERS), np.int64),
+    bufs = Out(layer_counts=layer_counts, layer_mass=layer_mass, tok_counts=np.zeros((N_COUNTERS, 0), np.int64),
                tok_mass=np.zeros(n), tok_seconds=np.zeros(n), tok_stall=np.zeros(n),
                outcome=np.full((0, 0, 0), -1, np.int8), substitute=np.full((0, 0, 0), -1, np.int16))
     keep = tokens
@@ -147,15 +147,16 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
         m = len(c.seq)
         steps = Steps(sel=c.sel, w=c.w, wm=c.w, cand=c.cand, next_req=c.next_req, first_req=first, tok_seq=c.seq,
                       t0=c.t0, look=no_look)
-        out = bufs._replace(tok_counts=bufs.tok_counts[:m], tok_mass=bufs.tok_mass[:m],
+        # the kernel adds into tok_counts: fresh zeros a chunk (counter-major; untouched pages cost nothing)
+        out = bufs._replace(tok_counts=np.zeros((N_COUNTERS, m), np.int64), tok_mass=bufs.tok_mass[:m],
                             tok_seconds=bufs.tok_seconds[:m], tok_stall=bufs.tok_stall[:m])
         t1 = time.perf_counter()
         kernel.replay(steps, policy, setup, state, out)
         seconds += time.perf_counter() - t1
         counted = np.arange(c.t0, c.t0 + m) >= config.warmup_tokens
-        sums.add(out.tok_counts, out.tok_seconds, out.tok_stall, ones[:m], decode[c.t0:c.t0 + m], counted)
+        sums.add(out.tok_counts.T, out.tok_seconds, out.tok_stall, ones[:m], decode[c.t0:c.t0 + m], counted)
         for name, arr in series.items():
-            arr[c.t0:c.t0 + m] = getattr(out, name)
+            arr[c.t0:c.t0 + m] = out.tok_counts.T if name == "tok_counts" else getattr(out, name)
     empty = np.zeros(0)
     result = SimResult(
         config=config, layer_ids=tuple(store.meta.moe_layers), counts=layer_counts, mass=layer_mass,

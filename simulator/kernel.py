@@ -353,7 +353,8 @@ def replay(steps, policy, setup, state, out):
     """Replay the tokens of ``steps`` (tokens steps.t0 .. steps.t0 + T - 1 of the trace; simulator/args.py
     names every array) continuing from ``state``: a whole trace in one call, or a streamed trace chunk by
     chunk with the same state. Adds counters into out.layer_counts/layer_mass (tokens from
-    policy.warmup_tokens on); sets out.tok_counts/tok_mass/tok_seconds/tok_stall (the chunk's tokens);
+    policy.warmup_tokens on) and, per token of the chunk, into out.tok_counts (counter-major, from zeros);
+    sets out.tok_mass/tok_seconds/tok_stall (the chunk's tokens);
     with a decision record (out.outcome non-empty), each request's outcome and substitute.
     steps.sel entries < 0 are padding (batched routing); steps.w: the weights the miss policy reads;
     steps.wm: the gate mass a substitution or drop loses; steps.next_req and steps.first_req: ticks."""
@@ -369,8 +370,10 @@ def replay(steps, policy, setup, state, out):
     pool_of_layer, cost, lowbit_res = setup.pool_of_layer, setup.cost, setup.lowbit_res
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
-    # A compile-time constant (policy.ext's length is part of its type, simulator/args.py): a replay without
-    # overlap, prefetch, step pinning, an upload cap or low-bit experts runs a variant compiled without them.
+    # A compile-time constant (policy.ext's length is part of its type, simulator/args.py): a fetch-all replay
+    # without overlap, prefetch, step pinning, an upload cap or low-bit experts runs a variant compiled without
+    # them, where every miss is fetched: the substitution, drop and CPU paths are not in its loop at all (their
+    # mere presence, unused, made the fetch-all replay ~15-20% slower: more live values, a longer loop).
     ext = len(policy.ext) > 0
     step_pin = ext and policy.step_pin
     max_up = policy.max_uploads if ext else 0
@@ -406,7 +409,8 @@ def replay(steps, policy, setup, state, out):
     s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
     s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
     s_lowbit_vram = cost[S_LOWBIT_VRAM]
-    substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
+    substitutes = ext and (miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE
+                           or miss_code == miss.SUBSTITUTE_ALL)
     copies = beta > 0.0 and admits
     # overlap (simulator/overlap.py) and prefetch (simulator/prefetch.py): off, they leave the loop as it was
     ov = policy.overlap if timed and ext else 0
@@ -439,9 +443,8 @@ def replay(steps, policy, setup, state, out):
                 decay_base = tg
                 inc = 1.0
         counting = tg >= warmup
-        for c in range(N_COUNTERS):
-            tok_counts[t, c] = 0
         tmass = 0.0
+        tk_req = tk_hit = tk_fetch = tk_evict = tk_admit = 0  # the token's frequent counters, over its layers
 
         for l in range(L):
             pool = pool_of_layer[l]
@@ -524,8 +527,8 @@ def replay(steps, policy, setup, state, out):
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_HIT
                     continue
-                wr = w[t, l, r]
-                action = miss.decide(miss_code, r, wr, theta)
+                wr = w[t, l, r] if ext else 0.0  # the plain variant fetches every miss: no weight to read
+                action = miss.decide(miss_code, r, wr, theta) if ext else miss.FETCH
                 if tier and lowbit_res[o]:
                     if timed:
                         now += s_lowbit_vram
@@ -621,10 +624,15 @@ def replay(steps, policy, setup, state, out):
             if ov:
                 now, stall = overlap.finish(ov, now, m_link, s_vram, h, h0, link_free, stall)
             tmass += smass
-            _add(tok_counts, t, n_req, n_hit, n_fetch, n_evict, n_admit)
+            tk_req += n_req
+            tk_hit += n_hit
+            tk_fetch += n_fetch
+            tk_evict += n_evict
+            tk_admit += n_admit
             if counting:
                 _add(layer_counts, l, n_req, n_hit, n_fetch, n_evict, n_admit)
                 layer_mass[l] += smass
+        _add_token(tok_counts, t, tk_req, tk_hit, tk_fetch, tk_evict, tk_admit)
         tok_mass[t] = tmass
         tok_seconds[t] = now - t_start
         tok_stall[t] = stall
@@ -646,8 +654,20 @@ def _add(counts, i, n_req, n_hit, n_fetch, n_evict, n_admit):
 
 
 @njit(inline="always")
+def _add_token(tok_counts, t, n_req, n_hit, n_fetch, n_evict, n_admit):
+    """Add a token's frequent counters (summed over its layers in locals) into its column: counter-major,
+    so that a token writes these six streams and leaves the rare counters' memory untouched."""
+    tok_counts[REQUESTS, t] += n_req
+    tok_counts[HITS, t] += n_hit
+    tok_counts[MISSES, t] += n_req - n_hit
+    tok_counts[FETCHES, t] += n_fetch
+    tok_counts[EVICTIONS, t] += n_evict
+    tok_counts[ADMISSIONS, t] += n_admit
+
+
+@njit(inline="always")
 def _bump(tok_counts, layer_counts, t, l, c, counting):
-    """Count a rarer event straight into its token's and (when counted) its layer's row."""
-    tok_counts[t, c] += 1
+    """Count a rarer event straight into its token's column and (when counted) its layer's row."""
+    tok_counts[c, t] += 1
     if counting:
         layer_counts[l, c] += 1
