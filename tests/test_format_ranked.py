@@ -122,7 +122,7 @@ def _ranked_meta(E, M, L=3, k=2, **kw):
                      layout="ranked", n_candidates=M, **kw)
 
 
-@pytest.mark.parametrize("E,M", [(9, 9), (40, 7), (300, 12)])
+@pytest.mark.parametrize("E,M", [(9, 9), (40, 7), (64, 64), (65, 20), (128, 32), (300, 12)])
 def test_move_to_front_round_trip_across_row_groups_and_batches(tmp_path, monkeypatch, E, M):
     """Random ranked lists (some rows repeat the last one of their layer), small row groups, and
     batches smaller than a row group: the state restarts per row group and carries across batches."""
@@ -143,6 +143,33 @@ def test_move_to_front_round_trip_across_row_groups_and_batches(tmp_path, monkey
         r = load_routing(tf)
         np.testing.assert_array_equal(r.cand.reshape(n, M), ids)
         np.testing.assert_array_equal(np.sort(r.sel.reshape(n, 2), axis=1), np.sort(ids[:, :2], axis=1))
+
+
+@pytest.mark.parametrize("E", [1, 2, 63, 64, 65, 127, 128, 129, 200])
+def test_move_to_front_codes_match_a_list_reference(E):
+    """The encoder's two paths (a popcount of position bits up to 128 experts, a list walk above) give the
+    codes and the final state of plain list move-to-front, rows of any length, layers interleaved."""
+    from moesim.traces import ranked as rk
+
+    with seeded_rng("mtf-ref", E) as rng:
+        L, n = 3, 150
+        rows = []
+        for _ in range(n):  # sticky: mostly the popular experts, some fully random rows
+            m = int(rng.integers(1, E + 1))
+            score = rng.gumbel(size=E) + (np.linspace(4, 0, E) if rng.random() < 0.7 else 0)
+            rows.append(np.argsort(-score)[:m])
+        lists = [list(range(E)) for _ in range(L)]
+        want = []
+        for i, row in enumerate(rows):
+            lst = lists[i % L]
+            want.append([lst.index(e) for e in row])
+            lists[i % L] = list(row) + [e for e in lst if e not in set(row.tolist())]
+        where = rk.new_state(L, E)[1]
+        for i, row in enumerate(rows):  # one row per call: rows differ in length
+            codes, bad = rk.codec().encode(row[None, :].astype(np.int32), np.array([i % L], np.int32), where, L)
+            assert bad == 1 and codes[0].tolist() == want[i], f"row {i}"
+        for lay in range(L):
+            assert [int(np.nonzero(where[lay] == p)[0][0]) for p in range(E)] == lists[lay]
 
 
 def test_damaged_codes_and_bad_rows_are_errors(tmp_path):

@@ -11,6 +11,8 @@ group decodes on its own. Imported through moesim.jitcache.jitted (numba's cache
 import numpy as np
 from numba import njit, prange
 
+SMALL = 128  # up to this many experts (two 64-bit words of positions), encode counts bits instead of walking
+
 
 @njit(cache=True, parallel=True, nogil=True)
 def encode(ids, layer, where, n_layers):
@@ -19,61 +21,130 @@ def encode(ids, layer, where, n_layers):
     independent, so they are coded in parallel. Returns (codes, the first row whose ids repeat or
     leave 0..E-1, else n).
 
-    The codes are the ids' entries in ``where``. Only the list's first h + 1 positions change, h the
-    row's largest code: walking them from the back, every expert that stays shifts back over the
-    moved ones (branch-free: each is stored, and the next one overwrites a moved one), then the row
-    fills the front. The walk uses unsigned 16-bit copies of the state (no negative-index checks, and
-    a layer's state fits in the L1 cache)."""
+    The codes are the ids' entries in ``where``; then the row's ids take positions 0..M-1 and every
+    other expert moves back by the number of the row's ids that were ahead of it. Up to SMALL experts
+    that number is a popcount of the row's position bits above the expert's position, for all E
+    experts at once (vectorizes); above, a walk of the list's first h + 1 positions (h the row's
+    largest code), the only ones that change."""
     n, m = ids.shape
     E = where.shape[1]
     out = np.empty((n, m), np.int32)
     parts = 2  # layer classes coded in parallel (one per core here); each scans the rows in file order
     bad = np.full(parts, n, np.int64)
-    one = np.uint64(1)
     for part in prange(parts):
-        lists = np.empty(where.shape, np.uint16)  # position -> expert
-        wher = np.empty(where.shape, np.uint16)  # expert -> position
-        for lay in range(part, where.shape[0], parts):
-            for e in range(E):
-                lists[lay, where[lay, e]] = e
-                wher[lay, e] = where[lay, e]
-        mark = np.zeros(E, np.uint8)
-        for i in range(n):
-            if layer[i] % parts != part:
-                continue
-            wh = wher[layer[i]]
-            lst = lists[layer[i]]
-            ok = True
-            h = np.uint64(0)
-            for r in range(m):
-                e = ids[i, r]
-                if e < 0 or e >= E or mark[e]:
-                    ok = False  # out of range, or a repeated id
-                    break
-                mark[e] = 1
-                p = np.uint64(wh[e])
-                out[i, r] = p
-                h = max(h, p)
-            if not ok:
-                bad[part] = i
-                break
-            j = h
-            q = h + one
-            while q > 0:
-                q -= one
-                e = np.uint64(lst[q])
-                lst[j] = e
-                wh[e] = j
-                j -= one - np.uint64(mark[e])
-            for r in range(m):
-                e = ids[i, r]
-                lst[r] = e
-                wh[e] = r
-                mark[e] = 0
-        for lay in range(part, where.shape[0], parts):
-            for e in range(E):
-                where[lay, e] = wher[lay, e]
+        if E <= SMALL:
+            bad[part] = _encode_bits(ids, layer, where, part, parts, out)
+        else:
+            bad[part] = _encode_walk(ids, layer, where, part, parts, out)
     return out, bad.min()
+
+
+@njit(inline="always")
+def _popcount(x):
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)  # LLVM makes this a popcnt instruction
+
+
+@njit(nogil=True)
+def _encode_bits(ids, layer, where, part, parts, out):
+    """encode's rows of the layers ``part`` mod ``parts``, E <= SMALL: returns the first bad row or n."""
+    n, m = ids.shape
+    E = where.shape[1]
+    zero, one, ones = np.uint64(0), np.uint64(1), np.uint64(0xFFFFFFFFFFFFFFFF)
+    wher = np.empty(where.shape, np.int64)
+    for lay in range(part, where.shape[0], parts):
+        for e in range(E):
+            wher[lay, e] = where[lay, e]
+    mark = np.zeros(E, np.uint8)
+    bad = n
+    for i in range(n):
+        if layer[i] % parts != part:
+            continue
+        wh = wher[layer[i]]
+        b0, b1 = zero, zero  # the row's positions: bit p of b0 (p < 64) or bit p - 64 of b1
+        for r in range(m):
+            e = ids[i, r]
+            if e < 0 or e >= E or mark[e]:
+                bad = i  # out of range, or a repeated id
+                break
+            mark[e] = 1
+            p = wh[e]
+            out[i, r] = p
+            bit = one << np.uint64(p & 63)
+            b0 |= bit if p < 64 else zero
+            b1 |= zero if p < 64 else bit
+        if bad < n:
+            break
+        for e in range(E):  # branch-free (shift counts kept in 0..63)
+            p = wh[e]
+            s0, s1 = p + 1, p - 63
+            m0 = zero if s0 >= 64 else ones << np.uint64(min(s0, 63))
+            m1 = ones if s1 <= 0 else (zero if s1 >= 64 else ones << np.uint64(min(max(s1, 0), 63)))
+            wh[e] = p + np.int64(_popcount(b0 & m0) + _popcount(b1 & m1))
+        for r in range(m):
+            e = ids[i, r]
+            wh[e] = r
+            mark[e] = 0
+    for lay in range(part, where.shape[0], parts):
+        for e in range(E):
+            where[lay, e] = wher[lay, e]
+    return bad
+
+
+@njit(nogil=True)
+def _encode_walk(ids, layer, where, part, parts, out):
+    """encode's rows of the layers ``part`` mod ``parts``: returns the first bad row or n. Walking the
+    list's first h + 1 positions from the back, every expert that stays shifts back over the moved
+    ones (branch-free: each is stored, and the next one overwrites a moved one), then the row fills
+    the front. The walk uses unsigned 16-bit copies of the state (no negative-index checks, and a
+    layer's state fits in the L1 cache)."""
+    n, m = ids.shape
+    E = where.shape[1]
+    one = np.uint64(1)
+    lists = np.empty(where.shape, np.uint16)  # position -> expert
+    wher = np.empty(where.shape, np.uint16)  # expert -> position
+    for lay in range(part, where.shape[0], parts):
+        for e in range(E):
+            lists[lay, where[lay, e]] = e
+            wher[lay, e] = where[lay, e]
+    mark = np.zeros(E, np.uint8)
+    bad = n
+    for i in range(n):
+        if layer[i] % parts != part:
+            continue
+        wh = wher[layer[i]]
+        lst = lists[layer[i]]
+        h = np.uint64(0)
+        for r in range(m):
+            e = ids[i, r]
+            if e < 0 or e >= E or mark[e]:
+                bad = i  # out of range, or a repeated id
+                break
+            mark[e] = 1
+            p = np.uint64(wh[e])
+            out[i, r] = p
+            h = max(h, p)
+        if bad < n:
+            break
+        j = h
+        q = h + one
+        while q > 0:
+            q -= one
+            e = np.uint64(lst[q])
+            lst[j] = e
+            wh[e] = j
+            j -= one - np.uint64(mark[e])
+        for r in range(m):
+            e = ids[i, r]
+            lst[r] = e
+            wh[e] = r
+            mark[e] = 0
+    for lay in range(part, where.shape[0], parts):
+        for e in range(E):
+            where[lay, e] = wher[lay, e]
+    return bad
 
 
 @njit(cache=True)

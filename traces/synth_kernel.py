@@ -69,9 +69,9 @@ def _link_token(key, t, L, pred, link, out):
             out[l, e] = np.uint32(lo | (hi << np.uint64(16)))
             linked[e] = (x & np.uint64(0xFFFF)) < link
         if l > 0:  # layer 0 has no predecessor
-            for e in range(E):
-                if linked[e]:
-                    out[l, e] = out[l - 1, pred[l, e]]
+            for e in range(E):  # both loads and a select, no branch: ~90% linked at random mispredicts
+                v = out[l - 1, pred[l, e]]
+                out[l, e] = v if linked[e] else out[l, e]
 
 
 @njit(cache=True, parallel=True, nogil=True)

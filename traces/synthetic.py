@@ -328,10 +328,12 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
     if link16:
         chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))
     draws = np.empty((LINK_BLOCK, L, E) if link16 else (0, 0, 0), dtype=np.uint32)  # scratch
+    # the candidate keys are scratch too (~15 MB a chunk): one buffer, not fresh pages every chunk
+    keys_buf = np.empty((min(chunk, T) * L, width), dtype=np.int32)
+    counts_buf = np.empty(min(chunk, T) * L, dtype=np.int32)
     for start in range(0, T, chunk):
         c = min(chunk, T - start)
-        keys = np.empty((c * L, width), dtype=np.int32)
-        counts = np.empty(c * L, dtype=np.int32)
+        keys, counts = keys_buf[:c * L], counts_buf[:c * L]
         q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
         lse_out = np.empty(c * L if lse else 0, dtype=np.float64)
         f32 = np.float32
