@@ -20,7 +20,8 @@ policy takes ``name:value``, passed to the kernel in slot 0 of its parameter vec
 keeps a decayed router-request score per expert; half-life = slot 0), ``USES_NEXT_REQUEST`` (the
 kernel keeps each expert's next request), ``IN_DEFAULT_GRID`` (the sweep's default eviction axis),
 ``LIBCACHESIM`` (the libCacheSim 0.3.5 class with the same semantics under fetch-all: the tests then
-check the kernel against it, per layer and with a global pool, on random and real routing).
+check the kernel against it, per layer and with a global pool, on random and real routing), ``INLINE``
+(default True; False: the kernel calls the hooks instead of inlining them, for larger hooks).
 
 Codes are positions in name order; they exist only inside one process's kernel calls (results are
 keyed by names).
@@ -167,8 +168,25 @@ def _no_rekey(ob, fo, po, heap, prm, pool, o):
 # 38 s flat (37 s nested with 7).
 
 
-def _hooks(name: str, default):
-    return [getattr(e.module, name, default) if not e.pinned else default for e in EVICTIONS]
+def _out_of_line(kind: str, fn, args: str, ret: bool):
+    """``fn`` (an inlinable hook) compiled as a function of its own, which the kernel calls."""
+    ns = {"f": fn}
+    exec(f"def {kind}({args}):\n    {'return ' if ret else ''}f({args})", ns)
+    return njit(_nrt=False)(ns[kind])  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+
+
+# A module with INLINE = False has its hooks called rather than inlined into the kernel's loop. Inlined,
+# the larger hooks (ARC, Clock, S3-FIFO, Sieve) slowed every policy's replay, their own included: out of
+# line, LRU, FIFO, Belady, ARC, S3-FIFO and Sieve replayed 3-14% faster in one process (A/B, same stream;
+# README "## Speed"). LFU's heap hooks called instead ran 0.59x: the heap policies stay inlined.
+def _hooks(name: str, default, args: str, ret: bool):
+    fns = []
+    for e in EVICTIONS:
+        fn = getattr(e.module, name, default) if not e.pinned else default
+        if fn is not default and not getattr(e.module, "INLINE", True):
+            fn = _out_of_line(name, fn, args, ret)
+        fns.append(fn)
+    return fns
 
 
 def _flat(kind: str, fns: list, args: str, ret: bool):
@@ -183,6 +201,9 @@ def _flat(kind: str, fns: list, args: str, ret: bool):
     return njit(inline="always")(ns[kind])
 
 
-hit = _flat("hit", _hooks("hit", _no_hit), "ob, fo, po, heap, prm, pool, o, tick, requested", False)
-insert = _flat("insert", _hooks("insert", _no_insert), "ob, fo, po, heap, prm, pool, o, tick", True)
-rekey = _flat("rekey", _hooks("rekey", _no_rekey), "ob, fo, po, heap, prm, pool, o", False)
+_HIT_ARGS = "ob, fo, po, heap, prm, pool, o, tick, requested"
+_INSERT_ARGS = "ob, fo, po, heap, prm, pool, o, tick"
+_REKEY_ARGS = "ob, fo, po, heap, prm, pool, o"
+hit = _flat("hit", _hooks("hit", _no_hit, _HIT_ARGS, False), _HIT_ARGS, False)
+insert = _flat("insert", _hooks("insert", _no_insert, _INSERT_ARGS, True), _INSERT_ARGS, True)
+rekey = _flat("rekey", _hooks("rekey", _no_rekey, _REKEY_ARGS, False), _REKEY_ARGS, False)

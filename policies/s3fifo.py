@@ -32,6 +32,7 @@ from moesim.policies.structures import CAP, CNT, LEN, LST, RES, SIZE, TAIL, X0, 
 
 NAME = "s3fifo"
 LIBCACHESIM = "S3FIFO"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
+INLINE = False  # called, not inlined into the kernel's loop (policies/registry.py says why)
 DOC = ("S3-FIFO (libCacheSim S3FIFO): a small probation FIFO, a main 2-bit clock and a ghost FIFO; "
        "admits nothing below 20 slots")
 # prm slots, libCacheSim's defaults
