@@ -211,6 +211,13 @@ def _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queu
     nvme = tiered and _from_nvme(o, ram, ob, po)
     if nvme:
         _bump(tok_counts, layer_counts, t, l, COPIES_NVME, counting)
+    return _queue_copy(o, l, nvme, now, link_free, cost, timed, ob, queue, queue_t, qhl)
+
+
+@njit(inline="always")
+def _queue_copy(o, l, nvme, now, link_free, cost, timed, ob, queue, queue_t, qhl):
+    """A background copy (admission or prefetch) takes the link after what is queued on it, from now on;
+    returns when the link is free (= when o lands)."""
     if timed:
         link_free = max(now, link_free) + (cost[S_COPY_NVME] if nvme else cost[S_COPY_RAM])
     _enqueue(o, l, link_free, ob, queue, queue_t, qhl)
@@ -330,9 +337,8 @@ def _prefetch(policy, steps, setup, state, t, l, t_r, link_free, tiered, timed, 
             nvme = tiered and _from_nvme(o, ram, ob, po)
             if nvme:
                 _bump(tok_counts, layer_counts, t, lt, PREFETCHES_NVME, counting)
-            if timed:
-                link_free = max(t_r, link_free) + (cost[S_COPY_NVME] if nvme else cost[S_COPY_RAM])
-            _enqueue(o, lt, link_free, ob, state.queue, state.queue_t, state.queue_hl)
+            link_free = _queue_copy(o, lt, nvme, t_r, link_free, cost, timed, ob, state.queue, state.queue_t,
+                                    state.queue_hl)
             pf[o] = pfm.PF_INFLIGHT
             state.pf_t[o] = link_free
     if policy.prefetch == pfp.PREV_TOKEN:

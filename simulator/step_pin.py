@@ -51,6 +51,13 @@ def mark(sel, t, l, base, step, spin):
 
 
 @njit(inline="always")
+def _pinned_in_heap(sel, t, l, r, base, ob):
+    """The step's r-th expert when it is resident in a heap, else -1."""
+    e = sel[t, l, r]
+    return base + e if e >= 0 and ob[base + e, RES] != 0 and ob[base + e, HPOS] >= 0 else -1
+
+
+@njit(inline="always")
 def _raise(ob, po, heap, pool, o, spin):
     j = po[pool, HBASE] + ob[o, HPOS]
     spin[o, 1] = heap[j, HK1]
@@ -64,9 +71,9 @@ def raise_hits(mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin):
         return
     pool = pool_of_layer[l]
     for r in range(sel.shape[2]):
-        e = sel[t, l, r]
-        if e >= 0 and ob[base + e, RES] != 0 and ob[base + e, HPOS] >= 0:
-            _raise(ob, po, heap, pool, base + e, spin)
+        o = _pinned_in_heap(sel, t, l, r, base, ob)
+        if o >= 0:
+            _raise(ob, po, heap, pool, o, spin)
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
@@ -76,11 +83,11 @@ def restore(mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin):
         return
     pool = pool_of_layer[l]
     for r in range(sel.shape[2]):
-        e = sel[t, l, r]
-        if e >= 0 and ob[base + e, RES] != 0 and ob[base + e, HPOS] >= 0:
-            j = po[pool, HBASE] + ob[base + e, HPOS]
+        o = _pinned_in_heap(sel, t, l, r, base, ob)
+        if o >= 0:
+            j = po[pool, HBASE] + ob[o, HPOS]
             if heap[j, HK1] == np.inf:
-                heap_rekey(ob, po, heap, pool, ob[base + e, HPOS], spin[base + e, 1], heap[j, HK2])
+                heap_rekey(ob, po, heap, pool, ob[o, HPOS], spin[o, 1], heap[j, HK2])
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
