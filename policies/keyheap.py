@@ -87,6 +87,14 @@ def _down(h, ob, base, end, j, key):
     return j
 
 
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def _set_key_called(ob, po, heap, pool, o, key, tick):
+    """set_key called, not inlined: a use that keeps or raises a key is rare (Belady: a substitute run of
+    an expert never requested again), and the sift-down it needs, inlined in the kernel's hit path,
+    made the common hit slower."""
+    set_key(ob, po, heap, pool, o, key, tick)
+
+
 @njit(inline="always")
 def set_key(ob, po, heap, pool, o, key, tick):
     """Give resident o the key and last-use tick and restore heap order, moving only the way the key moved."""
@@ -106,7 +114,14 @@ def hooks(key):
 
     @njit(inline="always")
     def hit(ob, fo, po, heap, prm, pool, o, tick, requested):
-        set_key(ob, po, heap, pool, o, key(np.int64(fo[o, NREQ]), tick), tick)
+        k = key(np.int64(fo[o, NREQ]), tick)
+        h = heap.view(np.int64)
+        base = po[pool, HBASE]
+        j = base + ob[o, HPOS]
+        if k < h[j, KEY]:  # the common case (Belady: a request moves the next one later)
+            _place(h, ob, base, _up(h, ob, base, j, k), k, tick, o)
+        else:
+            _set_key_called(ob, po, heap, pool, o, k, tick)
 
     @njit(inline="always")
     def insert(ob, fo, po, heap, prm, pool, o, tick):
