@@ -10,7 +10,9 @@ moesim.policies.doc). A module is an eviction policy when it defines ``NAME`` an
   when ``requested``, else a run as a substitute) and ``insert(ob, fo, po, heap, prm, pool, o, tick)``
   making ``o`` resident (returns the victim, -1 when nothing left the pool, NOT_ADMITTED when the policy
   refuses ``o``); a heap policy writes ``priority(count, score, next_req)`` and takes
-  ``hit, insert, rekey = heap.hooks(priority)`` (policies/heap.py);
+  ``hit, insert, rekey = heap.hooks(priority)`` (policies/heap.py); a policy whose order is one int64
+  key unique among a pool's residents writes ``key(next_req, tick)`` and takes ``hit, insert =
+  keyheap.hooks(key)`` (policies/keyheap.py: single-compare sifts);
 - or ``pinned(counts, slots, allocation)``: a fixed set resident from the start, never evicted, and
   nothing admitted (static placements).
 
@@ -51,7 +53,7 @@ class Eviction:
     code: int
     name: str
     module: ModuleType
-    kind: str  # "hooks" | "heap" | "pinned"
+    kind: str  # "hooks" | "heap" | "keyheap" | "pinned"
     doc: str
     param: Param | None
     fixed: tuple[tuple[str, float], ...]  # PARAMS: fixed named parameters and their defaults
@@ -88,7 +90,8 @@ def _discover() -> tuple[Eviction, ...]:
     mods.sort(key=lambda m: m.NAME)
     out = []
     for code, m in enumerate(mods):
-        kind = "pinned" if hasattr(m, "pinned") else ("heap" if hasattr(m, "priority") else "hooks")
+        kind = ("pinned" if hasattr(m, "pinned") else "heap" if hasattr(m, "priority")
+                else "keyheap" if hasattr(m, "key") else "hooks")
         if kind != "pinned" and not hasattr(m, "hit"):
             raise ImportError(f"eviction module {m.__name__} defines insert but no hit hook")
         out.append(Eviction(code=code, name=m.NAME, module=m, kind=kind, doc=getattr(m, "DOC", "").strip(),

@@ -15,7 +15,8 @@ twenty: numba passes every array as ~7-9 machine words per call.
   last row is the host-RAM tier (an LRU list over all layers, list 0);
 - ``heap`` float64 [sum of capacities, 3]: each pool's min-heap of (priority,
   last-use tick, object) rows, keys stored in the heap itself so that sifting reads
-  contiguous memory (ticks and ids are exact in a float64 below 2^53).
+  contiguous memory (ticks and ids are exact in a float64 below 2^53); a keyed heap
+  policy's rows are read as int64 (policies/keyheap.py).
 
 A list keeps its most recent object at the head; the heap (4-ary) has the next
 victim at its root. Policies (policies/) use these helpers from their hooks, which

@@ -5,22 +5,24 @@ helpers. Which victim an insertion takes instead depends on how the eviction kee
 (``MODES``, derived from the registry):
 
 - list policies (lru, fifo: the victim is the list's tail): the unpinned expert nearest the tail;
-- heap policies (lfu, freq, belady: the victim is the heap's root): the step's resident experts are given
+- heap policies (lfu, freq: the victim is the heap's root): the step's resident experts are given
   an infinite priority for the rest of the step and get their own back at its end, so the root is the
-  least-preferred unpinned expert;
+  least-preferred unpinned expert; keyed heap policies (belady, policies/keyheap.py) alike, with a key
+  above every unpinned one;
 - either way, when every resident expert of the pool is pinned the expert is fetched for this use only
   (PIN_FULL: not admitted).
 
-State: ``spin[o, 0]`` the step o is pinned at, ``spin[o, 1]`` its saved heap priority (State.spin).
+State: ``spin[o, 0]`` the step o is pinned at, ``spin[o, 1]`` its saved heap priority (a keyed heap's
+int64 key, stored as its bits) (State.spin).
 """
 
 import numpy as np
 from numba import njit
 
-from moesim.policies import lists, registry
+from moesim.policies import keyheap, lists, registry
 from moesim.policies.structures import CAP, HBASE, HK1, HK2, HPOS, PRV, RES, SIZE, TAIL, heap_rekey, list_unlink
 
-MODE_NONE, MODE_LIST, MODE_HEAP, MODE_FIXED = range(4)
+MODE_NONE, MODE_LIST, MODE_HEAP, MODE_FIXED, MODE_KEYHEAP = range(5)
 PIN_FULL = -3  # an insertion's answer when every resident expert of the pool is pinned by the step
 
 
@@ -29,6 +31,8 @@ def _mode(e) -> int:
         return MODE_FIXED
     if e.kind == "heap":
         return MODE_HEAP
+    if e.kind == "keyheap":
+        return MODE_KEYHEAP
     if getattr(e.module, "insert", None) is lists.insert_front:
         return MODE_LIST
     return MODE_NONE
@@ -58,7 +62,10 @@ def _pinned_in_heap(sel, t, l, r, base, ob):
 
 
 @njit(inline="always")
-def _raise(ob, po, heap, pool, o, spin):
+def _raise(mode, ob, po, heap, pool, o, spin):
+    if mode == MODE_KEYHEAP:
+        keyheap.pin(ob, po, heap, pool, o, spin)
+        return
     j = po[pool, HBASE] + ob[o, HPOS]
     spin[o, 1] = heap[j, HK1]
     heap_rekey(ob, po, heap, pool, ob[o, HPOS], np.inf, heap[j, HK2])
@@ -67,24 +74,26 @@ def _raise(ob, po, heap, pool, o, spin):
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def raise_hits(mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin):
     """Heap policies: after the step's hits, its resident experts take an infinite priority."""
-    if mode != MODE_HEAP:
+    if mode != MODE_HEAP and mode != MODE_KEYHEAP:
         return
     pool = pool_of_layer[l]
     for r in range(sel.shape[2]):
         o = _pinned_in_heap(sel, t, l, r, base, ob)
         if o >= 0:
-            _raise(ob, po, heap, pool, o, spin)
+            _raise(mode, ob, po, heap, pool, o, spin)
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def restore(mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin):
     """Heap policies: at the step's end its pinned resident experts get their priority back."""
-    if mode != MODE_HEAP:
+    if mode != MODE_HEAP and mode != MODE_KEYHEAP:
         return
     pool = pool_of_layer[l]
     for r in range(sel.shape[2]):
         o = _pinned_in_heap(sel, t, l, r, base, ob)
-        if o >= 0:
+        if o >= 0 and mode == MODE_KEYHEAP:
+            keyheap.unpin(ob, po, heap, pool, o, spin)
+        elif o >= 0:
             j = po[pool, HBASE] + ob[o, HPOS]
             if heap[j, HK1] == np.inf:
                 heap_rekey(ob, po, heap, pool, ob[o, HPOS], spin[o, 1], heap[j, HK2])
@@ -110,7 +119,10 @@ def insert(mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin):
         elif mode == MODE_HEAP:
             if heap[po[pool, HBASE], HK1] == np.inf:
                 return PIN_FULL
+        elif mode == MODE_KEYHEAP:
+            if keyheap.root_pinned(po, heap, pool):
+                return PIN_FULL
     v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
-    if mode == MODE_HEAP and v != registry.NOT_ADMITTED:
-        _raise(ob, po, heap, pool, o, spin)
+    if (mode == MODE_HEAP or mode == MODE_KEYHEAP) and v != registry.NOT_ADMITTED:
+        _raise(mode, ob, po, heap, pool, o, spin)
     return v
