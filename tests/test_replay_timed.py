@@ -93,7 +93,7 @@ def test_plain_replay_records_the_reference_decisions(eviction):
             ram_warm=_ram_warm(sel, 12, 7),
             cost={"dense_layer": cost.s_dense / 2, "vram": cost.s_expert_vram, "fetch_ram": cost.s_fetch_ram,
                   "fetch_nvme": cost.s_fetch_nvme, "writeback": cost.s_writeback})
-        got = {(t, l, r): OUTCOMES[res.decisions.outcome[t, l, r]] for t in range(60) for l in range(2) for r in range(3)}
+        got = {key: OUTCOMES[res.decisions.outcome[key]] for key in np.ndindex(res.decisions.outcome.shape)}
         assert got == {key: outcome for key, (outcome, _) in decisions.items()}
         np.testing.assert_allclose(res.token_seconds, [x["seconds"] for x in ref_tokens], rtol=1e-9)
         np.testing.assert_allclose(res.token_stall, [x["stall"] for x in ref_tokens], rtol=1e-9, atol=1e-12)
