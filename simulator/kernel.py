@@ -669,8 +669,25 @@ def _list_requests(move, sel, t, l, base, tick0, now, stall, link_free, timed, t
                    counting):
     """A step's requests under LRU (``move``: a hit moves the expert to the head) or FIFO in the plain variant:
     the generic request loop's fetch-all path with their hooks (policies/lists.py) called directly, every miss
-    fetched and inserted (ticks tick0 + r). Returns (requests, hits, fetches, evictions, now, stall, link_free)."""
+    fetched and inserted (ticks tick0 + r); without a clock, a host-RAM tier or a decision record, a leaner loop
+    still. Returns (requests, hits, fetches, evictions, now, stall, link_free)."""
     n_req = n_hit = n_fetch = n_evict = 0
+    if not (timed or tiered or record):  # the cache alone: a loop with the fewest live values (~8% faster)
+        for r in range(sel.shape[2]):
+            e = sel[t, l, r]
+            if e < 0:
+                continue
+            o = base + e
+            n_req += 1
+            if ob[o, RES] != 0:
+                n_hit += 1
+                if move:
+                    lists.move_to_front(ob, fo, po, heap, prm, pool, o, tick0 + r, True)
+                continue
+            n_fetch += 1
+            if lists.insert_front(ob, fo, po, heap, prm, pool, o, tick0 + r) >= 0:
+                n_evict += 1
+        return n_req, n_hit, n_fetch, n_evict, now, stall, link_free
     for r in range(sel.shape[2]):
         e = sel[t, l, r]
         if e < 0:
