@@ -9,7 +9,7 @@ import pytest
 
 from moesim.costmodel.engines import engine_names, load_engine
 from moesim.costmodel.timing import estimate
-from moesim.costmodel.validation import BEGIN, END, rows, scores, table
+from moesim.costmodel.validation import BEGIN, END, points, predict, rows, scores, table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "costmodel.md"
 
@@ -22,13 +22,26 @@ def test_engine_profiles_ship():
 def test_engine_profiles_beat_the_pure_bandwidth_model():
     v2, v1 = scores(rows()), scores(rows("ideal"))
     assert v2["median_abs_log"] < v1["median_abs_log"] and v2["worst_abs_log"] < v1["worst_abs_log"]
-    # guard what v2 reaches today (docs/costmodel.md): median within 1.25x, worst 2.0x (ik-385, dual socket)
-    assert v2["median_abs_log"] <= math.log(1.26), v2
+    # guard what v2 reaches today (docs/costmodel.md): median 1.199x over 17 points, worst 2.0x (ik-385, dual socket)
+    assert v2["median_abs_log"] <= math.log(1.21), v2
     assert v2["worst_abs_log"] <= math.log(2.05), v2
 
 
-@pytest.mark.xfail(strict=True, reason="issue #15 targets not met: median 1.25x (target 1.2x), worst 2.01x on "
-                                       "the dual-socket Windows run (target 1.6x); see docs/costmodel.md")
+def test_one_machine_sweep_is_linear_in_cpu_layers():
+    # GoodOlClint/homelab's --n-cpu-moe sweep: per-token time is linear in the CPU-resident layers, as the model's
+    # layer placement assumes; the model's per-layer slope is 1.2-1.35x the measured one (docs/costmodel.md)
+    pts = {p["id"]: p for p in points()}
+    for clock in ("4000", "4788"):
+        t = {n: 1 / pts[f"goodolclint-{clock}-n{n}"]["measured"] for n in (40, 24, 16)}
+        assert (t[40] - t[24]) / 16 == pytest.approx((t[24] - t[16]) / 8, rel=0.05)
+        pred = {n: 1 / predict(pts[f"goodolclint-{clock}-n{n}"])["tok_per_s"] for n in (40, 16)}
+        assert 1.15 < (pred[40] - pred[16]) / (t[40] - t[16]) < 1.4
+
+
+@pytest.mark.xfail(strict=True, reason="issue #15 worst-case target not met: 2.01x on the dual-socket Windows run "
+                                       "(target 1.6x); the median, 1.199x over 17 points, meets 1.2x only with one "
+                                       "machine's six-point sweep counted per point (1.22x per machine); see "
+                                       "docs/costmodel.md")
 def test_issue_targets():
     s = scores(rows())
     assert s["median_abs_log"] <= math.log(1.2) and s["worst_abs_log"] <= math.log(1.6)
