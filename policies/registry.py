@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit
 
 from moesim.errors import MoesimError
+from moesim.policies import lists as lists_hooks
 from moesim.policies.params import Param
 
 NOT_ADMITTED = -2  # an insert hook's answer when the policy does not admit the object
@@ -106,6 +107,18 @@ def _discover() -> tuple[Eviction, ...]:
 EVICTIONS: tuple[Eviction, ...] = _discover()
 BY_NAME: dict[str, Eviction] = {e.name: e for e in EVICTIONS}
 FLAGS = np.array([[not e.pinned, e.uses_score, e.uses_next_request] for e in EVICTIONS], np.bool_)
+
+
+def _list_code(hit) -> int:
+    """The code of the policy kept in one list by lists.insert_front and the given hit hook (-1: none)."""
+    return next((e.code for e in EVICTIONS if e.kind == "hooks" and getattr(e.module, "INLINE", True)
+                 and e.module.hit is hit and e.module.insert is lists_hooks.insert_front
+                 and not (e.uses_score or e.uses_next_request)), -1)
+
+
+# LRU and FIFO: the plain kernel variant runs their requests in a loop of their own calling these hooks
+# directly (simulator/kernel.py _list_requests)
+LIST_MOVE, LIST_STAY = _list_code(lists_hooks.move_to_front), _list_code(lists_hooks.stay)
 
 
 def names() -> list[str]:

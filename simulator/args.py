@@ -106,9 +106,9 @@ class Out(NamedTuple):
     layer_mass: np.ndarray    # float64 [L]
     tok_counts: np.ndarray    # int64 [N_COUNTERS, T] (counter-major), every step (of the chunk, when streamed);
     #                           zeros: the kernel adds into it
-    tok_mass: np.ndarray      # float64 [T]
-    tok_seconds: np.ndarray   # float64 [T]: simulated seconds per step
-    tok_stall: np.ndarray     # float64 [T]: seconds a step waited for the link
+    tok_mass: np.ndarray      # float64 [T], zeros (a plain replay, Policy.ext empty, leaves them)
+    tok_seconds: np.ndarray   # float64 [T], zeros: simulated seconds per step (an untimed replay leaves them)
+    tok_stall: np.ndarray     # float64 [T], zeros: seconds a step waited for the link (untimed: left)
     outcome: np.ndarray       # int8 [T, L, k] (policies/miss.py OUTCOME_*), or empty: no decision record
     substitute: np.ndarray    # int16 [T, L, k]: the expert run in place of a substituted request, else -1
 

@@ -10,6 +10,7 @@ from replay_helpers import make_routing, seeded_rng
 
 from moesim.costmodel.timing import cost_params
 from moesim.policies import registry
+from moesim.policies.miss import OUTCOMES
 from moesim.simulator import SimConfig, simulate
 
 EVICTIONS = registry.names()
@@ -75,3 +76,39 @@ def test_slow_link_delays_admission():
     slow = simulate(routing, eviction="lru", miss="substitute", slots=4, admit=0.3,
                     cost=dataclasses.replace(fake_cost(1, 16, rng, 0), s_copy_link=50.0))
     assert free.totals()["admissions"] > slow.totals()["admissions"] > 0
+
+
+@pytest.mark.parametrize("eviction", ["lru", "fifo", "lfu"])
+def test_plain_replay_records_the_reference_decisions(eviction):
+    """The plain variant's request loops (LRU and FIFO have one of their own, simulator/kernel.py): every
+    request's recorded outcome, the clock with a host-RAM tier and write-backs, and the untouched mass."""
+    with seeded_rng("plain-record", eviction) as rng:
+        sel, w, cand, seq = random_routing_arrays(rng, 60, 2, 12, 3, 8, 1)
+        routing = make_routing(sel, w, cand, seq, 12)
+        cost = fake_cost(2, 12, rng, 7, engine_costs=True)
+        res = simulate(routing, SimConfig(eviction=eviction, miss="fetch-all", slots=3), cost=cost, record=True)
+        decisions = {}
+        _, ref_tokens = reference_replay(
+            sel, w, cand, seq, 12, eviction=eviction, miss="fetch-all", slots=3, ram_cap=7, decisions=decisions,
+            ram_warm=_ram_warm(sel, 12, 7),
+            cost={"dense_layer": cost.s_dense / 2, "vram": cost.s_expert_vram, "fetch_ram": cost.s_fetch_ram,
+                  "fetch_nvme": cost.s_fetch_nvme, "writeback": cost.s_writeback})
+        got = {key: OUTCOMES[res.decisions.outcome[key]] for key in np.ndindex(res.decisions.outcome.shape)}
+        assert got == {key: outcome for key, (outcome, _) in decisions.items()}
+        np.testing.assert_allclose(res.token_seconds, [x["seconds"] for x in ref_tokens], rtol=1e-9)
+        np.testing.assert_allclose(res.token_stall, [x["stall"] for x in ref_tokens], rtol=1e-9, atol=1e-12)
+        assert not res.token_mass.any() and not res.mass.any()
+        assert res.totals()["fetches_nvme"] > 0 and res.totals()["evictions"] > 0
+
+
+def _ram_warm(sel, E, n):
+    """The host-RAM tier's initial content as the builder fills it: the n most requested experts, least
+    popular first."""
+    L = sel.shape[1]
+    counts = {}
+    for t in range(sel.shape[0]):
+        for l in range(L):
+            for e in sel[t, l]:
+                counts[(l, int(e))] = counts.get((l, int(e)), 0) + 1
+    popular = sorted(((l, e) for l in range(L) for e in range(E)), key=lambda o: (-counts.get(o, 0), o))
+    return list(reversed(popular[:n]))
