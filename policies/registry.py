@@ -116,9 +116,19 @@ def _list_code(hit) -> int:
                  and not (e.uses_score or e.uses_next_request)), -1)
 
 
-# LRU and FIFO: the plain kernel variant runs their requests in a loop of their own calling these hooks
-# directly (simulator/kernel.py _list_requests)
+def _keyed() -> tuple[int, ModuleType]:
+    """The code and module of the one inlined keyed-heap policy (-1 and the list module when there is not
+    exactly one: its loop then never runs)."""
+    keyed = [e for e in EVICTIONS if e.kind == "keyheap" and getattr(e.module, "INLINE", True)]
+    return (keyed[0].code, keyed[0].module) if len(keyed) == 1 else (-1, lists_hooks)
+
+
+# LRU, FIFO and the keyed heap (Belady): the plain kernel variant runs their requests in loops of their own
+# calling these hooks directly (simulator/kernel.py _own_requests)
 LIST_MOVE, LIST_STAY = _list_code(lists_hooks.move_to_front), _list_code(lists_hooks.stay)
+KEYED, _keyed_module = _keyed()
+KEYED_HIT = _keyed_module.move_to_front if _keyed_module is lists_hooks else _keyed_module.hit
+KEYED_INSERT = _keyed_module.insert_front if _keyed_module is lists_hooks else _keyed_module.insert
 
 
 def names() -> list[str]:

@@ -430,11 +430,13 @@ def replay(steps, policy, setup, state, out):
     prev_seq = scal[PREV_SEQ]
     decay_base = scal[DECAY_BASE]
     inc = 1.0
-    # LRU and FIFO in the plain variant: their requests run in a loop of their own with the list hooks called
-    # directly (the loop unswitched on the policy code): the generic loop, with every inlined policy in its
-    # dispatch, kept them ~15-20% slower (more live values spilled around a longer loop)
-    lists_only = not ext and (code == registry.LIST_MOVE or code == registry.LIST_STAY)
-    move = code == registry.LIST_MOVE
+    # LRU, FIFO and the keyed heap (Belady) in the plain variant: their requests run in loops of their own with
+    # their hooks called directly (the loop unswitched on the policy code): the generic loop, with every inlined
+    # policy in its dispatch, kept them ~15-25% slower (more live values spilled around a longer loop)
+    own = -1
+    if not ext:
+        own = (OWN_LRU if code == registry.LIST_MOVE else OWN_FIFO if code == registry.LIST_STAY
+               else OWN_KEYED if code == registry.KEYED else -1)
 
     for t in range(T):
         tg = t0 + t  # the token's index in the whole trace
@@ -492,13 +494,13 @@ def replay(steps, policy, setup, state, out):
                 n_req = n_hit
                 pin.raise_hits(pin_mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin)
             copy_end = now  # --step-pin: the step's copies go onto the link together, from here
-            if lists_only:
-                n_req, n_hit, n_fetch, n_evict, now, stall, link_free = _list_requests(
-                    move, sel, t, l, base, tick0 + E, now, stall, link_free, timed, tiered, ram, s_vram, s_fetch_ram,
-                    s_fetch_nvme, s_writeback, record, ob, fo, po, heap, prm, pool, outcome, tok_counts, layer_counts,
-                    counting)
+            if own >= 0:
+                n_req, n_hit, n_fetch, n_evict, now, stall, link_free = _own_step(
+                    own, (sel, next_req, t, l, base, tick0 + E, now, stall, link_free, timed, tiered, ram, s_vram,
+                          s_fetch_ram, s_fetch_nvme, s_writeback, record, ob, fo, po, heap, prm, pool, outcome,
+                          tok_counts, layer_counts, counting))
 
-            for r in range(0 if lists_only else k):  # the generic request loop (none left for LRU and FIFO)
+            for r in range(0 if own >= 0 else k):  # the generic request loop (none left for LRU, FIFO, Belady)
                 e = sel[t, l, r]
                 if e < 0:
                     continue
@@ -663,63 +665,88 @@ def replay(steps, policy, setup, state, out):
     scal[DECAY_BASE] = decay_base
 
 
-@njit(inline="always")
-def _list_requests(move, sel, t, l, base, tick0, now, stall, link_free, timed, tiered, ram, s_vram, s_fetch_ram,
-                   s_fetch_nvme, s_writeback, record, ob, fo, po, heap, prm, pool, outcome, tok_counts, layer_counts,
-                   counting):
-    """A step's requests under LRU (``move``: a hit moves the expert to the head) or FIFO in the plain variant:
-    the generic request loop's fetch-all path with their hooks (policies/lists.py) called directly, every miss
-    fetched and inserted (ticks tick0 + r); without a clock, a host-RAM tier or a decision record, a leaner loop
-    still. Returns (requests, hits, fetches, evictions, now, stall, link_free)."""
-    n_req = n_hit = n_fetch = n_evict = 0
-    if not (timed or tiered or record):  # the cache alone: a loop with the fewest live values (~8% faster)
+OWN_LRU, OWN_FIFO, OWN_KEYED = range(3)  # the policies whose plain-variant requests run in a loop of their own
+
+
+def _own_requests(hit, insert, uses_next):
+    """A step's requests in the plain variant under one policy's hooks, called directly: the generic request
+    loop's fetch-all path (every miss fetched and inserted, ticks tick0 + r; ``uses_next``: the expert's next
+    request is kept for its hooks); without a clock, a host-RAM tier or a decision record, a leaner loop still.
+    Returns (requests, hits, fetches, evictions, now, stall, link_free)."""
+
+    @njit(inline="always")
+    def requests(a):
+        (sel, next_req, t, l, base, tick0, now, stall, link_free, timed, tiered, ram, s_vram, s_fetch_ram, s_fetch_nvme,
+         s_writeback, record, ob, fo, po, heap, prm, pool, outcome, tok_counts, layer_counts, counting) = a
+        n_req = n_hit = n_fetch = n_evict = 0
+        if not (timed or tiered or record):  # the cache alone: a loop with the fewest live values (~8% faster)
+            for r in range(sel.shape[2]):
+                e = sel[t, l, r]
+                if e < 0:
+                    continue
+                o = base + e
+                if uses_next:
+                    fo[o, NREQ] = next_req[t, l, r]
+                n_req += 1
+                if ob[o, RES] != 0:
+                    n_hit += 1
+                    hit(ob, fo, po, heap, prm, pool, o, tick0 + r, True)
+                    continue
+                n_fetch += 1
+                if insert(ob, fo, po, heap, prm, pool, o, tick0 + r) >= 0:
+                    n_evict += 1
+            return n_req, n_hit, n_fetch, n_evict, now, stall, link_free
         for r in range(sel.shape[2]):
             e = sel[t, l, r]
             if e < 0:
                 continue
             o = base + e
+            if uses_next:
+                fo[o, NREQ] = next_req[t, l, r]
             n_req += 1
             if ob[o, RES] != 0:
                 n_hit += 1
-                if move:
-                    lists.move_to_front(ob, fo, po, heap, prm, pool, o, tick0 + r, True)
+                hit(ob, fo, po, heap, prm, pool, o, tick0 + r, True)
+                if timed:
+                    now += s_vram
+                if record:
+                    outcome[t, l, r] = miss.OUTCOME_HIT
                 continue
             n_fetch += 1
-            if lists.insert_front(ob, fo, po, heap, prm, pool, o, tick0 + r) >= 0:
+            nvme = tiered and _from_nvme(o, ram, ob, po)
+            if nvme:
+                _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
+            if timed:
+                copy_end = now
+                start = max(copy_end, link_free)  # behind any queued background copy
+                stall += start - copy_end
+                link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
+                now = max(now, link_free) + s_vram
+            if insert(ob, fo, po, heap, prm, pool, o, tick0 + r) >= 0:
                 n_evict += 1
-        return n_req, n_hit, n_fetch, n_evict, now, stall, link_free
-    for r in range(sel.shape[2]):
-        e = sel[t, l, r]
-        if e < 0:
-            continue
-        o = base + e
-        n_req += 1
-        if ob[o, RES] != 0:
-            n_hit += 1
-            if move:
-                lists.move_to_front(ob, fo, po, heap, prm, pool, o, tick0 + r, True)
-            if timed:
-                now += s_vram
+                if timed:
+                    link_free = max(now, link_free) + s_writeback
             if record:
-                outcome[t, l, r] = miss.OUTCOME_HIT
-            continue
-        n_fetch += 1
-        nvme = tiered and _from_nvme(o, ram, ob, po)
-        if nvme:
-            _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
-        if timed:
-            copy_end = now
-            start = max(copy_end, link_free)  # behind any queued background copy
-            stall += start - copy_end
-            link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
-            now = max(now, link_free) + s_vram
-        if lists.insert_front(ob, fo, po, heap, prm, pool, o, tick0 + r) >= 0:
-            n_evict += 1
-            if timed:
-                link_free = max(now, link_free) + s_writeback
-        if record:
-            outcome[t, l, r] = miss.OUTCOME_FETCH
-    return n_req, n_hit, n_fetch, n_evict, now, stall, link_free
+                outcome[t, l, r] = miss.OUTCOME_FETCH
+        return n_req, n_hit, n_fetch, n_evict, now, stall, link_free
+
+    return requests
+
+
+_lru_requests = _own_requests(lists.move_to_front, lists.insert_front, False)
+_fifo_requests = _own_requests(lists.stay, lists.insert_front, False)
+_keyed_requests = _own_requests(registry.KEYED_HIT, registry.KEYED_INSERT, True)
+
+
+@njit(inline="always")
+def _own_step(own, a):
+    """The step's requests in the loop of policy ``own`` (OWN_LRU, OWN_FIFO or OWN_KEYED); ``a``: the
+    arguments of _own_requests' loop, as a tuple."""
+    if own == OWN_LRU:
+        return _lru_requests(a)
+    if own == OWN_FIFO:
+        return _fifo_requests(a)
+    return _keyed_requests(a)
 
 
 @njit(inline="always")
