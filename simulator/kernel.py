@@ -435,8 +435,9 @@ def replay(steps, policy, setup, state, out):
     # policy in its dispatch, kept them ~15-25% slower (more live values spilled around a longer loop)
     own = -1
     if not ext:
-        own = (OWN_LRU if code == registry.LIST_MOVE else OWN_FIFO if code == registry.LIST_STAY
+        own = (OWN_LISTS if code == registry.LIST_MOVE or code == registry.LIST_STAY
                else OWN_KEYED if code == registry.KEYED else -1)
+    move = code != registry.LIST_STAY  # FIFO's hit leaves its list as it is
 
     for t in range(T):
         tg = t0 + t  # the token's index in the whole trace
@@ -496,7 +497,7 @@ def replay(steps, policy, setup, state, out):
             copy_end = now  # --step-pin: the step's copies go onto the link together, from here
             if own >= 0:
                 n_req, n_hit, n_fetch, n_evict, now, stall, link_free = _own_step(
-                    own, (sel, next_req, t, l, base, tick0 + E, now, stall, link_free, timed, tiered, ram, s_vram,
+                    own, (move, sel, next_req, t, l, base, tick0 + E, now, stall, link_free, timed, tiered, ram, s_vram,
                           s_fetch_ram, s_fetch_nvme, s_writeback, record, ob, fo, po, heap, prm, pool, outcome,
                           tok_counts, layer_counts, counting))
 
@@ -665,19 +666,21 @@ def replay(steps, policy, setup, state, out):
     scal[DECAY_BASE] = decay_base
 
 
-OWN_LRU, OWN_FIFO, OWN_KEYED = range(3)  # the policies whose plain-variant requests run in a loop of their own
+OWN_LISTS, OWN_KEYED = range(2)  # the policies whose plain-variant requests run in a loop of their own
 
 
 def _own_requests(hit, insert, uses_next):
     """A step's requests in the plain variant under one policy's hooks, called directly: the generic request
     loop's fetch-all path (every miss fetched and inserted, ticks tick0 + r; ``uses_next``: the expert's next
-    request is kept for its hooks); without a clock, a host-RAM tier or a decision record, a leaner loop still.
-    Returns (requests, hits, fetches, evictions, now, stall, link_free)."""
+    request is kept for its hooks; a hit runs the hit hook when the call's ``move`` is set: FIFO shares LRU's
+    loop); without a clock, a host-RAM tier or a decision record, a leaner loop still. Returns (requests,
+    hits, fetches, evictions, now, stall, link_free)."""
 
     @njit(inline="always")
     def requests(a):
-        (sel, next_req, t, l, base, tick0, now, stall, link_free, timed, tiered, ram, s_vram, s_fetch_ram, s_fetch_nvme,
-         s_writeback, record, ob, fo, po, heap, prm, pool, outcome, tok_counts, layer_counts, counting) = a
+        (move, sel, next_req, t, l, base, tick0, now, stall, link_free, timed, tiered, ram, s_vram, s_fetch_ram,
+         s_fetch_nvme, s_writeback, record, ob, fo, po, heap, prm, pool, outcome, tok_counts, layer_counts,
+         counting) = a
         n_req = n_hit = n_fetch = n_evict = 0
         if not (timed or tiered or record):  # the cache alone: a loop with the fewest live values (~8% faster)
             for r in range(sel.shape[2]):
@@ -690,7 +693,8 @@ def _own_requests(hit, insert, uses_next):
                 n_req += 1
                 if ob[o, RES] != 0:
                     n_hit += 1
-                    hit(ob, fo, po, heap, prm, pool, o, tick0 + r, True)
+                    if move:
+                        hit(ob, fo, po, heap, prm, pool, o, tick0 + r, True)
                     continue
                 n_fetch += 1
                 if insert(ob, fo, po, heap, prm, pool, o, tick0 + r) >= 0:
@@ -706,7 +710,8 @@ def _own_requests(hit, insert, uses_next):
             n_req += 1
             if ob[o, RES] != 0:
                 n_hit += 1
-                hit(ob, fo, po, heap, prm, pool, o, tick0 + r, True)
+                if move:
+                    hit(ob, fo, po, heap, prm, pool, o, tick0 + r, True)
                 if timed:
                     now += s_vram
                 if record:
@@ -733,19 +738,16 @@ def _own_requests(hit, insert, uses_next):
     return requests
 
 
-_lru_requests = _own_requests(lists.move_to_front, lists.insert_front, False)
-_fifo_requests = _own_requests(lists.stay, lists.insert_front, False)
+_list_requests = _own_requests(lists.move_to_front, lists.insert_front, False)  # LRU, and FIFO without moving
 _keyed_requests = _own_requests(registry.KEYED_HIT, registry.KEYED_INSERT, True)
 
 
 @njit(inline="always")
 def _own_step(own, a):
-    """The step's requests in the loop of policy ``own`` (OWN_LRU, OWN_FIFO or OWN_KEYED); ``a``: the
-    arguments of _own_requests' loop, as a tuple."""
-    if own == OWN_LRU:
-        return _lru_requests(a)
-    if own == OWN_FIFO:
-        return _fifo_requests(a)
+    """The step's requests in the loop of policy ``own`` (OWN_LISTS or OWN_KEYED); ``a``: the arguments of
+    _own_requests' loop, as a tuple."""
+    if own == OWN_LISTS:
+        return _list_requests(a)
     return _keyed_requests(a)
 
 
