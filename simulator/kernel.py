@@ -290,17 +290,24 @@ def _lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost, timed, tiered
     (now, link_free, copy_end, stall)."""
     _bump(tok_counts, layer_counts, t, l, LOWBIT, counting)
     if timed:
-        start = max(copy_end, link_free)
-        stall += start - copy_end
-        link_free = start + cost[S_FETCH_LOWBIT]
-        copy_end = link_free
-        now = max(now, link_free) + cost[S_LOWBIT_VRAM]
+        now, link_free, copy_end, stall = _sync_fetch(now, link_free, copy_end, stall, cost[S_FETCH_LOWBIT],
+                                                      cost[S_LOWBIT_VRAM])
     if copies:
         fo[o, ACC] += wr
         if fo[o, ACC] >= beta and ob[o, QUEUED] == 0:
             link_free = _start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue, queue_t, qhl,
                                     tok_counts, layer_counts, t, counting)
     return now, link_free, copy_end, stall
+
+
+@njit(inline="always")
+def _sync_fetch(now, link_free, copy_end, stall, s_link, s_run):
+    """A copy the step waits for: it takes the link behind what is queued there, from ``copy_end`` on (the time
+    waited is stall), then the expert runs. Returns (now, link_free, copy_end, stall)."""
+    start = max(copy_end, link_free)
+    stall += start - copy_end
+    link_free = start + s_link
+    return max(now, link_free) + s_run, link_free, link_free, stall
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
@@ -569,11 +576,8 @@ def replay(steps, policy, setup, state, out):
                         else:
                             if not step_pin:
                                 copy_end = now
-                            start = max(copy_end, link_free)  # behind any queued background copy
-                            stall += start - copy_end
-                            link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
-                            copy_end = link_free
-                            now = max(now, link_free) + s_vram
+                            now, link_free, copy_end, stall = _sync_fetch(
+                                now, link_free, copy_end, stall, s_fetch_nvme if nvme else s_fetch_ram, s_vram)
                     if prefetching and pf[o] == pfm.PF_LANDED:
                         pf[o] = pfm.PF_NONE  # evicted before use, fetched again
                     if admits:
@@ -722,11 +726,8 @@ def _own_requests(hit, insert, uses_next):
             if nvme:
                 _bump(tok_counts, layer_counts, t, l, FETCHES_NVME, counting)
             if timed:
-                copy_end = now
-                start = max(copy_end, link_free)  # behind any queued background copy
-                stall += start - copy_end
-                link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
-                now = max(now, link_free) + s_vram
+                now, link_free, _, stall = _sync_fetch(now, link_free, now, stall,
+                                                       s_fetch_nvme if nvme else s_fetch_ram, s_vram)
             if insert(ob, fo, po, heap, prm, pool, o, tick0 + r) >= 0:
                 n_evict += 1
                 if timed:
