@@ -33,6 +33,16 @@ def pack(codes: np.ndarray, width: int) -> np.ndarray:
     return np.concatenate([(c & 0xFF).astype(np.uint8), (c >> 8).astype(np.uint8)], axis=1)
 
 
+def pack_into(codes: np.ndarray, width: int, out: np.ndarray) -> None:
+    """pack(codes, width) written into ``out`` [n, M * width] uint8 (no temporary copy for width 1)."""
+    if width == 1:
+        out[...] = codes
+        return
+    m = codes.shape[1]
+    np.bitwise_and(codes, 0xFF, out=out[:, :m], casting="unsafe")
+    np.right_shift(codes, 8, out=out[:, m:], casting="unsafe")
+
+
 def unpack(raw: np.ndarray, m: int, width: int) -> np.ndarray:
     """Inverse of pack: bytes [n, M * width] -> codes [n, M] int32."""
     if width == 1:

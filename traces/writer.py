@@ -75,8 +75,13 @@ class TraceWriter:
         self._gate = gate_column(meta, weights) if self._ranked else None
         self._buf_schema = self.schema.remove(self.schema.get_field_index("ranked_ids")) if self._ranked \
             else self.schema
-        self._rk_ids: list[np.ndarray] = []
-        self._rk_lay: list[np.ndarray] = []
+        # the ids are coded as they arrive (the coder's state carries over between writes, restarting at each
+        # row group) into the current group's byte buffer: no join of the buffered ids at the flush
+        self._rk_width = rk.code_width(meta.n_experts)
+        self._rk_where: np.ndarray | None = None  # the coder's state in the current row group
+        self._rk_codes: np.ndarray | None = None  # [row_group_size, M * width] bytes of the current group
+        self._rk_coded = 0  # rows of the current group coded so far
+        self._rk_groups: list[np.ndarray] = []  # the bytes of complete groups not written yet
         self._lut = np.full(len(self._layer_ok), -1, np.int32)
         self._lut[list(meta.moe_layers)] = np.arange(meta.n_layers, dtype=np.int32)
         self.rows_written = 0
@@ -155,9 +160,6 @@ class TraceWriter:
             if ids.ndim != 2 or ids.shape != (n, self.meta.n_candidates) or (ids.size and ids.dtype.kind not in "iu"):
                 raise MoesimError(f"ranked_ids must be integer expert ids, M={self.meta.n_candidates} per row, "
                                   f"got an array of shape {ids.shape}")
-            # ids out of 0..E-1 or repeated in a row are caught by the move-to-front coder at the flush
-            self._rk_ids.append(ids.astype(np.int32, copy=False))
-            self._rk_lay.append(self._lut[cols["layer"].to_numpy()])
             if self._gate == "gate_gaps":
                 g = np.asarray(gate_gaps)
                 if g.shape != (n, self.meta.top_k - 1) or (g.size and (g.dtype.kind not in "iu" or g.min() < 0
@@ -179,6 +181,8 @@ class TraceWriter:
         if self.has_lookahead:
             cols["lookahead"] = self._lookahead(lookahead, n)
         batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self._buf_schema], schema=self._buf_schema)
+        if self._ranked:  # last: a row group's coder state and bytes stay in step with the buffered rows
+            self._code_ranked(ids, self._lut[cols["layer"].to_numpy()])
         self._buf.append(batch)
         self._buffered += n
         if self._buffered >= self.row_group_size:
@@ -286,32 +290,52 @@ class TraceWriter:
         self.rows_written += table.num_rows
         self._buf, self._buffered = [], 0
 
-    def _flush_ranked(self, table: pa.Table, final: bool) -> None:
-        """Write whole row groups of ``row_group_size`` rows (the rest waits, unless final): each
-        group's ids are move-to-front coded from a fresh state, so a group decodes on its own."""
-        R = self.row_group_size
-        ids, lay = np.concatenate(self._rk_ids), np.concatenate(self._rk_lay)
-        at = self.schema.get_field_index("ranked_ids")
+    def _code_ranked(self, ids: np.ndarray, lay: np.ndarray) -> None:
+        """Move-to-front code rows of ranked ids into the current row group's bytes; a group's coder starts
+        from a fresh state, so a group decodes on its own. Ids out of 0..E-1 or repeated in a row are
+        errors (the coder finds them)."""
+        if ids.dtype not in (np.int16, np.int32):  # the coder's compiled id types (int16: the generators')
+            ids = ids.astype(np.int32)
+        R, L, E = self.row_group_size, self.meta.n_layers, self.meta.n_experts
         mtf = rk.codec()
-        width = rk.code_width(self.meta.n_experts)
-        start = 0
-        while table.num_rows - start >= R or (final and start < table.num_rows):
-            stop = min(start + R, table.num_rows)
-            _, where = rk.new_state(self.meta.n_layers, self.meta.n_experts)
-            codes, bad = mtf.encode(ids[start:stop], lay[start:stop], where, self.meta.n_layers)
-            if bad < stop - start:
+        done, n = 0, len(ids)
+        while done < n:
+            if self._rk_codes is None:
+                self._rk_where = rk.new_state(L, E)[1]
+                self._rk_codes = np.empty((R, ids.shape[1] * self._rk_width), np.uint8)  # pages touched as filled
+                self._rk_coded = 0
+            take = min(n - done, R - self._rk_coded)
+            codes, bad = mtf.encode(ids[done:done + take], lay[done:done + take], self._rk_where, L)
+            if bad < take:
                 raise MoesimError(f"ranked_ids repeats an expert within a row or holds one outside "
-                                  f"0..{self.meta.n_experts - 1} (row {self.rows_written + bad})")
-            group = table.slice(start, stop - start).add_column(
-                at, self.schema.field(at), rk.binary_column(rk.pack(codes, width)))
+                                  f"0..{E - 1} (row {self.rows_written + self._buffered + done + bad})")
+            rk.pack_into(codes, self._rk_width, self._rk_codes[self._rk_coded:self._rk_coded + take])
+            self._rk_coded += take
+            done += take
+            if self._rk_coded == R:
+                self._rk_groups.append(self._rk_codes)
+                self._rk_codes = None
+
+    def _flush_ranked(self, table: pa.Table, final: bool) -> None:
+        """Write the complete row groups of ``row_group_size`` rows (the rest waits, unless final) with
+        their coded ids."""
+        R = self.row_group_size
+        at = self.schema.get_field_index("ranked_ids")
+        groups = self._rk_groups
+        if final and self._rk_codes is not None and self._rk_coded:
+            groups.append(self._rk_codes[:self._rk_coded])
+            self._rk_codes = None
+        start = 0
+        for raw in groups:
+            group = table.slice(start, len(raw)).add_column(at, self.schema.field(at), rk.binary_column(raw))
             assert self._pq is not None  # checked by _flush
             self._pq.write_table(group, row_group_size=R)
             self.rows_written += group.num_rows
-            start = stop
+            start += len(raw)
+        self._rk_groups = []
         rest = table.slice(start)
         self._buf = rest.to_batches() if rest.num_rows else []
         self._buffered = rest.num_rows
-        self._rk_ids, self._rk_lay = [ids[start:]], [lay[start:]]
 
     def close(self) -> Path:
         try:
@@ -333,7 +357,7 @@ class TraceWriter:
         return self._out.commit()
 
     def abort(self) -> None:
-        self._buf, self._rk_ids, self._rk_lay = [], [], []
+        self._buf, self._rk_groups, self._rk_codes = [], [], None
         try:
             if self._pq is not None:
                 with contextlib.suppress(OSError):
