@@ -10,6 +10,7 @@ log-sum-exp over all E, computed from the same full logits.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -261,11 +262,19 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     )
     layers = np.asarray(model.moe_layers, dtype=np.int16)
     phase_codes = np.where(pos < prefill, 0, 1).astype(np.int8)  # codes into PHASES
-    chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked) if generator == 1 \
-        else _ahead(_chunks_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights))
+    if generator == 1:
+        chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked)
+        threads: contextlib.AbstractContextManager = contextlib.nullcontext()
+    else:
+        # two stages, each on its own cores: the generator thread runs the kernel (all cores but one), this
+        # thread sorts and unpacks the candidates and writes (one core; CPU-time balance: docs/synthetic.md)
+        gen_threads, threads = _thread_split()
+        keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
+                        buffers=AHEAD + 2)
+        chunks = _unpacked(_ahead(_numba_threads_in(keys, gen_threads), AHEAD), M)
     look_key = np.uint64(_rng(seed, "lookahead").integers(0, 2**63))
-    with TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
-                     weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
+    with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
+                              weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
         for rows, ids, top_q, q_full, lse in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
@@ -305,10 +314,18 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
                weights: np.ndarray):
     """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
     jitted and parallel over layers; same yields as _chunks_v1."""
+    return _unpacked(_keys_v2(base, seq, pos, dom, kn, seed, M, full=full, lse=lse, weights=weights, buffers=1), M)
+
+
+def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool,
+             weights: np.ndarray, buffers: int):
+    """Generator 2's kernel calls: yield (token slice, candidate keys [n, width] (unsorted rows), every q
+    [n, E] or None, lse [n] or None). The keys are scratch (~15 MB a chunk), ``buffers`` of them used in
+    turn: a consumer may hold at most ``buffers - 1`` chunks besides the one being made (one: done with a
+    chunk before asking for the next; through _ahead(depth): depth + 2)."""
     from moesim.jitcache import jitted
 
-    # numba's OpenMP threads otherwise spin between kernel calls, taking a core from the writer
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    _passive_omp()
     kern = jitted("moesim.traces.synth_kernel")
     D, L, E = base.shape
     if E > 1 << kern.ID_BITS:
@@ -328,12 +345,12 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
     if link16:
         chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))
     draws = np.empty((LINK_BLOCK, L, E) if link16 else (0, 0, 0), dtype=np.uint32)  # scratch
-    # the candidate keys are scratch too (~15 MB a chunk): one buffer, not fresh pages every chunk
-    keys_buf = np.empty((min(chunk, T) * L, width), dtype=np.int32)
+    # reused buffers, not fresh pages every chunk
+    keys_bufs = [np.empty((min(chunk, T) * L, width), dtype=np.int32) for _ in range(min(buffers, -(-T // chunk)))]
     counts_buf = np.empty(min(chunk, T) * L, dtype=np.int32)
-    for start in range(0, T, chunk):
+    for n, start in enumerate(range(0, T, chunk)):
         c = min(chunk, T - start)
-        keys, counts = keys_buf[:c * L], counts_buf[:c * L]
+        keys, counts = keys_bufs[n % len(keys_bufs)][:c * L], counts_buf[:c * L]
         q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
         lse_out = np.empty(c * L if lse else 0, dtype=np.float64)
         f32 = np.float32
@@ -341,9 +358,19 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
                       f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
                       f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out,
                       pred, link16, draws)
-        keys.sort(axis=1)  # numpy's vectorized sort of the ~M + 12 candidates per row
+        yield slice(start, start + c), keys, q_full if full else None, lse_out if lse else None
+
+
+def _unpacked(keyed, M: int):
+    """_keys_v2's chunks as _chunks_v1's: the candidate keys sorted (numpy's vectorized sort of the ~M + 12
+    per row, in place) and unpacked into ranked ids [n, M] int16 and their q [n, M]."""
+    from moesim.jitcache import jitted
+
+    kern = jitted("moesim.traces.synth_kernel")
+    for rows, keys, q_full, lse in keyed:
+        keys.sort(axis=1)
         ids, top_q = kern.unpack_keys(keys, M)
-        yield slice(start, start + c), ids, top_q, q_full if full else None, lse_out if lse else None
+        yield rows, ids, top_q, q_full, lse
 
 
 def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, key, noise: float,
@@ -379,6 +406,45 @@ def coupling_links(base: np.ndarray, weights: np.ndarray, couple: float) -> tupl
     return pred, link16
 
 
+AHEAD = 2  # chunks the generator thread may run ahead of the writer
+
+
+def _passive_omp() -> None:
+    """numba's OpenMP threads otherwise spin between kernel calls, taking a core from the other stage (read
+    when numba starts its threads: before any parallel call or set_num_threads)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _thread_split() -> tuple[int, contextlib.AbstractContextManager]:
+    """(numba threads of the generator thread, a context running this thread's numba calls, the writer's
+    move-to-front coder and the lookahead column, on one). On 2 cores the kernel alone on one core and the
+    writer on the other cost ~25% less CPU than a kernel parallel over both cores that the writer
+    interrupts, and finish sooner (docs/synthetic.md)."""
+    import numba
+
+    _passive_omp()
+    return max(1, numba.config.NUMBA_NUM_THREADS - 1), _numba_threads(1)
+
+
+@contextlib.contextmanager
+def _numba_threads(n: int):
+    """numba's thread count of the calling thread (thread-local) set to n, restored on leaving."""
+    import numba
+
+    old = numba.get_num_threads()
+    numba.set_num_threads(n)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(old)
+
+
+def _numba_threads_in(chunks, n: int):
+    """Iterate chunks with numba's thread count of the iterating thread set to n (restored at the end)."""
+    with _numba_threads(n):
+        yield from chunks
+
+
 def _ahead(chunks, depth: int = 2):
     """Run a chunk generator in a thread, ``depth`` chunks ahead, so that generating (numba and
     numpy release the GIL) overlaps with encoding and compressing the previous chunks."""
@@ -389,20 +455,25 @@ def _ahead(chunks, depth: int = 2):
     stop = threading.Event()
     done = object()
 
+    def put(item) -> bool:
+        """Hand item over unless the consumer stopped (then never block: it joins this thread)."""
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def run():
         try:
             for item in chunks:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(item):
+                    getattr(chunks, "close", lambda: None)()  # its clean-up in this thread, now
                     return
-            q.put(done)
+            put(done)
         except BaseException as exc:  # handed to the consumer
-            q.put(exc)
+            put(exc)
 
     t = threading.Thread(target=run, name="moesim-synth", daemon=True)
     t.start()
