@@ -145,6 +145,35 @@ def test_move_to_front_round_trip_across_row_groups_and_batches(tmp_path, monkey
         np.testing.assert_array_equal(np.sort(r.sel.reshape(n, 2), axis=1), np.sort(ids[:, :2], axis=1))
 
 
+@pytest.mark.parametrize("dtype", [np.int16, np.uint8])
+def test_ids_are_coded_as_written_with_the_row_of_a_bad_one(tmp_path, dtype):
+    """The writer codes ids as they arrive (int16, the generators' type, as given; others as int32): a
+    file written in batches that straddle row groups equals the one written at once, and a repeated id
+    in a later batch is reported with its row in the file."""
+    E, M, L, n = 40, 6, 3, 60
+    with seeded_rng("mtf-batches", np.dtype(dtype).name) as rng:
+        ids = np.array([rng.permutation(E)[:M] for _ in range(n)], dtype=dtype)
+        logits = -np.sort(rng.integers(0, 50, size=(n, 2)), axis=1).astype(np.float32)
+    meta = _ranked_meta(E, M, L)
+    rows = np.arange(n)
+
+    def write(path, parts, bad_row=None):
+        with TraceWriter(path, meta, row_group_size=16) as w:
+            for part in parts:
+                x = ids[part].copy()
+                if bad_row is not None and bad_row in part:
+                    x[list(part).index(bad_row), 1] = x[list(part).index(bad_row), 0]
+                w.write(seq=np.zeros(len(part), int), pos=part // L, layer=part % L, ranked_ids=x,
+                        gate_logits=logits[part])
+        return path.read_bytes()
+
+    once = write(tmp_path / "once.parquet", [rows])
+    assert write(tmp_path / "parts.parquet", np.array_split(rows, 9)) == once
+    with pytest.raises(MoesimError, match=r"repeats an expert .* \(row 41\)"):
+        write(tmp_path / "bad.parquet", np.array_split(rows, 9), bad_row=41)
+    assert not (tmp_path / "bad.parquet").exists()
+
+
 @pytest.mark.parametrize("E", [1, 2, 63, 64, 65, 127, 128, 129, 200])
 def test_move_to_front_codes_match_a_list_reference(E):
     """The encoder's two paths (a popcount of position bits up to 128 experts, a list walk above) give the
