@@ -418,8 +418,8 @@ def _passive_omp() -> None:
 def _thread_split() -> tuple[int, contextlib.AbstractContextManager]:
     """(numba threads of the generator thread, a context running this thread's numba calls, the writer's
     move-to-front coder and the lookahead column, on one). On 2 cores the kernel alone on one core and the
-    writer on the other cost ~25% less CPU than a kernel parallel over both cores that the writer
-    interrupts, and finish sooner (docs/synthetic.md)."""
+    writer on the other take ~20% less CPU than a kernel parallel over both cores sharing them with the
+    writer, and finish ~1.35x sooner (docs/synthetic.md)."""
     import numba
 
     _passive_omp()
