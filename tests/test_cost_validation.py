@@ -12,6 +12,7 @@ from moesim.costmodel.engines import engine_names, load_engine
 from moesim.costmodel.hardware import load_hardware
 from moesim.costmodel.timing import estimate
 from moesim.costmodel.validation import BEGIN, END, points, predict, rows, scores, table
+from moesim.errors import MoesimError
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "costmodel.md"
 
@@ -19,6 +20,16 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "costmodel.md"
 def test_engine_profiles_ship():
     assert {"ideal", "llama.cpp", "mixtral-offloading", "ktransformers"} <= set(engine_names())
     assert load_engine("llama.cpp").miss == "cpu" and load_engine("mixtral-offloading").writeback
+
+
+@pytest.mark.parametrize("extra, message", [('numa_pages = "mirror"', "numa_pages must be one of local, spread"),
+                                            ('numa_pages = "spread"\nnuma_gain = 0.5', "numa_gain applies to")])
+def test_numa_pages_validation(tmp_path, extra, message):
+    path = tmp_path / "e.toml"
+    path.write_text(f'name = "x"\n{extra}\n')
+    with pytest.raises(MoesimError, match=message):
+        load_engine(str(path))
+    assert load_engine("ktransformers").numa_pages == "local" and load_engine("ideal").numa_pages == "local"
 
 
 def test_engine_profiles_beat_the_pure_bandwidth_model():
