@@ -171,7 +171,7 @@ class HardwarePreset:
             return self.cpu_expert_bandwidth * fraction
         s, p = self.sockets, self.process_sockets
         per_socket = self.ram.bandwidth / s
-        if numa_pages == "spread" and s > 1:
+        if numa_pages == "spread" and s > 1 and self.remote_bandwidth > 0:
             bw = p / (1 / (s * per_socket) + (s - 1) / (s * self.remote_bandwidth))
         else:
             bw = per_socket * (1 + (p - 1) * numa_gain)
