@@ -125,3 +125,14 @@ def test_study_ratio_table_is_current():
         "regenerate: python -m moesim.sweeps.study_ratios --write docs/costmodel.md"
     # QF and SF beat fetch-all in every configuration, SF (fewer fetches) ahead of QF
     assert all(r["quality-first"] < r["fetch-all"] and r["speed-first"] < r["quality-first"] for r in rs)
+
+
+def test_readme_states_the_current_agreement():
+    # the README's one-paragraph summary of the validation must follow the regenerated table
+    text = (DOC.parent.parent / "README.md").read_text()
+    s, ideal = scores(rows()), scores(rows("ideal"))
+    para = " ".join(text.split("**How far to trust the clock.**", 1)[1].split("\n- ", 1)[0].split())
+    assert f"Against {s['n']} published decode speeds" in para
+    assert f"median {s['median_factor']:.2f}x and at worst {s['worst_factor']:.2f}x off" in para
+    assert f"optimistic in {s['optimistic']} of {s['n']}" in para
+    assert f"median {ideal['median_factor']:.2f}x and at worst {ideal['worst_factor']:.2f}x off" in para
