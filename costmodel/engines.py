@@ -2,7 +2,8 @@
 
 A profile fixes the step semantics and traffic the pure bandwidth model leaves out: where a non-resident expert
 runs (``miss``), whether VRAM holds whole layers or single experts (``placement``), fixed costs per layer on the
-GPU and CPU, the hand-off of a CPU-resident MoE layer, how much of a second socket's memory the engine uses,
+GPU and CPU, the hand-off of a CPU-resident MoE layer, where its weights lie on a multi-socket host and how much
+of a second socket's memory it uses,
 how it reads NVMe (request size and queue depth: mmap faults vs whole-expert reads) and whether it writes
 evicted experts back, and how the replay's clock overlaps copies with compute (``overlap``, docs/replay-semantics.md).
 ``ideal`` is the pure bandwidth model. Fields that a later issue adds (step pinning) go in the same files.
@@ -22,6 +23,7 @@ MISSES = ("any", "cpu", "fetch")
 PLACEMENTS = ("experts", "layers")
 COPIES = ("hw", "pinned", "pageable")
 OVERLAPS = ("none", "layer", "cross-layer")
+NUMA_PAGES = ("local", "spread")
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,8 @@ class EngineProfile:
     cpu_layer_us: float = 0.0      # fixed CPU cost per layer computed by the CPU (thread synchronisation)
     cpu_handoff: bool = False      # a CPU-resident MoE layer costs a GPU<->CPU hand-off per step
     cpu_stream_fraction: float = 1.0  # fraction of the machine's CPU expert rate the engine's kernels reach
-    numa_gain: float = 1.0         # fraction of each further socket's bandwidth the engine gains
+    numa_gain: float = 1.0         # fraction of each further socket's bandwidth the engine gains (numa_pages local)
+    numa_pages: str = "local"      # local | spread: weights on each thread's own node, or pages on any node alike
     nvme_read_kib: int = 0         # request size of NVMe reads (0: one request per expert)
     nvme_queue_depth: int = 0      # requests in flight for those reads (0: not limited)
     writeback: bool = False        # each eviction copies the evicted expert back to host memory
@@ -85,7 +88,8 @@ def _parse(doc: dict, path: Path) -> EngineProfile:
         bad(f"unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})")
     if not isinstance(doc.get("name"), str) or not doc["name"]:
         bad("name must be a non-empty string")
-    for key, allowed in (("miss", MISSES), ("placement", PLACEMENTS), ("copy", COPIES), ("overlap", OVERLAPS)):
+    for key, allowed in (("miss", MISSES), ("placement", PLACEMENTS), ("copy", COPIES), ("overlap", OVERLAPS),
+                         ("numa_pages", NUMA_PAGES)):
         if key in doc and doc[key] not in allowed:
             bad(f"{key} must be one of {', '.join(allowed)} (got {doc[key]!r:.80})")
     for key in ("gpu_layer_us", "cpu_layer_us", "cpu_stream_fraction", "numa_gain", "nvme_read_kib",
@@ -102,6 +106,8 @@ def _parse(doc: dict, path: Path) -> EngineProfile:
     for key in ("cpu_stream_fraction", "numa_gain"):
         if key in doc and not 0 < doc[key] <= 1 and not (key == "numa_gain" and doc[key] == 0):
             bad(f"{key} must be in (0, 1] (got {doc[key]})")
+    if doc.get("numa_pages") == "spread" and "numa_gain" in doc:
+        bad("numa_gain applies to numa_pages = 'local' (with 'spread' the socket link sets what a socket adds)")
     for key in ("cpu_handoff", "writeback"):
         if key in doc and not isinstance(doc[key], bool):
             bad(f"{key} must be true or false")

@@ -20,6 +20,8 @@ from moesim.files import read_toml
 GIB = 2 ** 30
 GB = 1e9
 
+# Remote over local read bandwidth of a two-socket server (DEFAULTS cpu.remote_gb_s gives the measurement).
+REMOTE_FRACTION = 0.33
 MAX_VALUE = 1e9  # bound on every number of a machine file (an exabyte of GiB, 1e9 GB/s, 17 minutes in us)
 # PCIe transfer rate per lane (GT/s) and line-code efficiency, by generation (PCI-SIG base specifications).
 PCIE_GT_S = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
@@ -34,7 +36,8 @@ _TABLES = {
     "ram": {"capacity_gib", "reserved_gib", "spec_gb_s", "efficiency", "effective_gb_s", "latency_us"},
     "link": {"kind", "pcie_gen", "lanes", "pinned_efficiency", "pageable_efficiency", "latency_us", "use_pinned"},
     "nvme": {"capacity_gib", "spec_gb_s", "efficiency", "effective_gb_s", "latency_us"},
-    "cpu": {"name", "sockets", "cores", "core_gb_s", "matrix_us", "expert_gb_s", "latency_us"},
+    "cpu": {"name", "sockets", "cores", "core_gb_s", "matrix_us", "expert_gb_s", "latency_us", "process_sockets",
+            "remote_gb_s"},
 }
 _TOP = {"name", "description", "source"} | set(_TABLES)
 _GPU_TABLES = ("gpu", "vram", "link")
@@ -74,6 +77,15 @@ DEFAULTS: dict[tuple[str, str], tuple[object, str]] = {
     ("nvme", "latency_us"): (80.0, "assumed: QD1 random-read latency of consumer NVMe, ~50-100 us"),
     ("cpu", "sockets"): (1, "assumed: one socket"),
     ("cpu", "cores"): (0, "unknown core count: no per-core limit on the CPU expert rate"),
+    ("cpu", "process_sockets"): (lambda d: d["cpu"].get("sockets", 1),
+                                 "the OS runs one process's threads on every socket (Linux schedules them on all "
+                                 "NUMA nodes; Windows 11 / Server 2022 span all processor groups by default)"),
+    ("cpu", "remote_gb_s"): (REMOTE_FRACTION,
+                             "measured: Intel MLC v3.10 bandwidth matrix on KU Leuven's Genius nodes, 2 x "
+                             "Xeon Gold 6140 (Skylake-SP, 3 UPI links, 6 x DDR4-2666 per socket): 34.3 GB/s "
+                             "read from the other socket vs 104.4-106.0 GB/s local = 0.33 of the local rate "
+                             "(github.com/hpcleuven/VscDocumentation, source/leuven/old_hardware/genius/"
+                             "skylake_mlc.txt); default 0.33 x one socket's effective [ram] rate"),
     ("cpu", "core_gb_s"): (10.0, "derived: Little's law, ~14 outstanding 64 B cache-line misses per core / ~90 ns "
                                  "DRAM latency = 10 GB/s of weights one core can stream"),
     ("cpu", "matrix_us"): (1.0, "assumed: each expert matrix starts new memory streams; ~10 DRAM latencies (~0.1 us) "
@@ -132,6 +144,8 @@ class HardwarePreset:
     path: str = ""
     doc: dict = field(default_factory=dict, compare=False, repr=False)
     sockets: int = 1
+    process_sockets: int = 1  # sockets one process's threads run on
+    remote_bandwidth: float = 0.0  # bytes/s one socket's threads read from another socket's memory
     cores: int = 0
     core_bandwidth: float = 10e9  # bytes/s one core streams
     matrix_latency: float = 1e-6  # seconds per expert matrix on the CPU (stream start)
@@ -146,16 +160,23 @@ class HardwarePreset:
     def has_gpu(self) -> bool:
         return self.link.kind != "none"
 
-    def cpu_rate(self, numa_gain: float = 1.0, fraction: float = 1.0) -> float:
-        """Bytes/s of expert weights the CPU computes on: the effective DRAM rate of one socket plus ``numa_gain``
-        of each further socket's, capped by cores x per-core rate, times the engine's kernel ``fraction``. A given
-        [cpu] expert_gb_s (measured or calibrated) is used as it is."""
+    def cpu_rate(self, numa_gain: float = 1.0, fraction: float = 1.0, numa_pages: str = "local") -> float:
+        """Bytes/s of expert weights the CPU computes on, times the engine's kernel ``fraction``. ``numa_pages``
+        says where the engine's weights lie: ``local`` (each socket's threads read their own node: the effective
+        DRAM rate of one socket plus ``numa_gain`` of each further socket the process runs on) or ``spread`` (pages
+        on any node alike: a socket's threads read 1/S of the bytes locally and the rest over the socket link at
+        ``remote_bandwidth``; every socket the process runs on does so in parallel). Capped by the process's cores
+        x per-core rate. A given [cpu] expert_gb_s (measured or calibrated) is used as it is."""
         if self.cpu_expert_given:
             return self.cpu_expert_bandwidth * fraction
-        per_socket = self.ram.bandwidth / self.sockets
-        bw = per_socket * (1 + (self.sockets - 1) * numa_gain)
+        s, p = self.sockets, self.process_sockets
+        per_socket = self.ram.bandwidth / s
+        if numa_pages == "spread" and s > 1 and self.remote_bandwidth > 0:
+            bw = p / (1 / (s * per_socket) + (s - 1) / (s * self.remote_bandwidth))
+        else:
+            bw = per_socket * (1 + (p - 1) * numa_gain)
         if self.cores:
-            bw = min(bw, self.cores * self.core_bandwidth)
+            bw = min(bw, self.cores * p / s * self.core_bandwidth)
         return bw * fraction
 
     def summary(self) -> dict:
@@ -173,7 +194,10 @@ class HardwarePreset:
                 "link_gb_s": _finite(self.link.bandwidth / GB), "link_latency_us": self.link.latency * 1e6,
                 "nvme_gb_s": self.nvme.bandwidth / GB, "nvme_latency_us": self.nvme.latency * 1e6,
                 "cpu_expert_gb_s": self.cpu_expert_bandwidth / GB, "gpu_tflops_effective": self.gpu_flops / 1e12,
-                "cpu_sockets": self.sockets, "cpu_cores": self.cores, "cpu_matrix_us": self.matrix_latency * 1e6,
+                "cpu_sockets": self.sockets, "cpu_process_sockets": self.process_sockets,
+                "cpu_remote_gb_s": self.remote_bandwidth / GB,
+                "cpu_spread_gb_s": self.cpu_rate(numa_pages="spread") / GB, "cpu_cores": self.cores,
+                "cpu_matrix_us": self.matrix_latency * 1e6,
             },
             "file": self.doc,
             "defaults": {k: {"value": v, "basis": b} for k, (v, b) in self.defaults.items()},
@@ -361,6 +385,18 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
     if not float(cores).is_integer():
         bad(f"[cpu] cores must be a whole number (got {cores!r})")
     core_bw = num("cpu", "core_gb_s", positive=True) * GB
+    process_sockets, remote = int(sockets), 0.0
+    if sockets > 1:  # where a process's threads run and how fast they read another socket's memory
+        process_sockets = num("cpu", "process_sockets", positive=True)
+        if not process_sockets.is_integer() or process_sockets > sockets:
+            bad(f"[cpu] process_sockets must be a whole number in 1..sockets (got {process_sockets!r})")
+        if "remote_gb_s" in ct:
+            remote = num("cpu", "remote_gb_s", positive=True) * GB
+        else:
+            remote = REMOTE_FRACTION * ram.bandwidth / sockets
+            defaults["cpu.remote_gb_s"] = (round(remote / GB, 3), DEFAULTS[("cpu", "remote_gb_s")][1])
+    elif "process_sockets" in ct or "remote_gb_s" in ct:
+        bad("[cpu] process_sockets and remote_gb_s describe a machine with sockets > 1")
     given = "expert_gb_s" in ct
     if given:
         cpu_bw = num("cpu", "expert_gb_s", positive=True) * GB
@@ -373,13 +409,14 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
         if cores:
             cpu_bw = min(cpu_bw, cores * core_bw)
         defaults["cpu.expert_gb_s"] = (round(cpu_bw / GB, 3), "derived: effective [ram] bandwidth of one "
-                                       "socket, capped by cores x core_gb_s; engines add further sockets by "
-                                       "their numa_gain")
+                                       "socket, capped by cores x core_gb_s; an engine's numa_pages and "
+                                       "numa_gain decide what further sockets add")
     return HardwarePreset(
         name=str(doc["name"]), description=str(doc.get("description", "")), source=str(doc.get("source", "")),
         gpu_name=str(doc.get("gpu", {}).get("name", "")), gpu_flops=flops * 1e12, vram=vram, ram=ram, link=link,
         nvme=nvme, cpu_name=str(ct.get("name", "")), cpu_expert_bandwidth=cpu_bw,
-        cpu_latency=num("cpu", "latency_us") * 1e-6, path=str(path), doc=doc, sockets=int(sockets), cores=int(cores),
+        cpu_latency=num("cpu", "latency_us") * 1e-6, path=str(path), doc=doc, sockets=int(sockets),
+        process_sockets=int(process_sockets), remote_bandwidth=remote, cores=int(cores),
         core_bandwidth=core_bw, matrix_latency=num("cpu", "matrix_us") * 1e-6, cpu_expert_given=given,
         defaults=defaults,
     )

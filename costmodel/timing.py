@@ -202,7 +202,7 @@ def cost_params(model, quant: str | None, hw, *, context: int = 0, dense: str = 
     seq_bytes = groups["embed_row"] + state
 
     vram_bw, nvme_bw = h.vram.bandwidth, h.nvme.bandwidth
-    cpu_bw = h.cpu_rate(e.numa_gain, e.cpu_stream_fraction)
+    cpu_bw = h.cpu_rate(e.numa_gain, e.cpu_stream_fraction, e.numa_pages)
     link_bw = h.link.bandwidth
     if h.has_gpu and not h.unified and e.copy != "hw":
         link_bw = h.link.pinned_bandwidth if e.copy == "pinned" else h.link.pageable_bandwidth

@@ -24,6 +24,10 @@ def test_hw_list_and_show():
     assert r.exit_code == 0 and "measured: the second study's 2.4 GB/s" in r.output
     d = json.loads(run("hw", "show", "h100-pcie", "--format", "json").output)
     assert d["effective"]["link_raw_gb_s"] == pytest.approx(63.0, rel=1e-3)
+    assert "CPU sockets" not in r.output
+    r = run("hw", "show", "dual-xeon-6138")  # a two-socket machine: where its process runs, the remote rate's basis
+    assert r.exit_code == 0 and "CPU sockets  2, a process runs on 1" in r.output
+    assert "remote_gb_s = 29.556  # default: measured: Intel MLC" in r.output
 
 
 def test_models_list_and_show():

@@ -144,4 +144,22 @@ def test_cpu_only_machine_and_sockets(tmp_path):
     # one socket's memory; an engine that duplicates weights per NUMA node gains part of the second
     assert h.cpu_rate(numa_gain=0.0) == pytest.approx(0.70 * 51.2 / 2 * GB)
     assert h.cpu_rate(numa_gain=1.0) == pytest.approx(0.70 * 51.2 * GB)
+    # pages on either node alike (llama.cpp without --numa): each socket's threads read half the bytes over the
+    # link at the measured remote fraction (0.33 of local); both sockets work, by default, in parallel
+    local = 0.70 * 51.2 / 2 * GB
+    remote = 0.33 * local
+    assert h.process_sockets == 2 and h.remote_bandwidth == pytest.approx(remote)
+    assert h.defaults["cpu.remote_gb_s"][1].startswith("measured: Intel MLC")
+    assert h.cpu_rate(numa_pages="spread") == pytest.approx(2 / (0.5 / local + 0.5 / remote))
+    one = _load(tmp_path, text.replace("sockets = 1", "sockets = 2\nprocess_sockets = 1\nremote_gb_s = 10")
+                .replace("cores = 8", "cores = 40"))
+    assert one.cpu_rate(numa_pages="spread") == pytest.approx(1 / (0.5 / local + 0.5 / (10 * GB)))
+    assert one.cpu_rate(numa_gain=1.0) == pytest.approx(local)  # a process on one socket reads one node's memory
+    capped = _load(tmp_path, text.replace("sockets = 1", "sockets = 2\nprocess_sockets = 1")
+                   .replace("cores = 8", "cores = 2"))
+    assert capped.cpu_rate() == pytest.approx(1 * 10 * GB)  # the process's one core x 10 GB/s
+    for bad_text, message in ((text.replace("sockets = 1", "sockets = 2\nprocess_sockets = 3"), "process_sockets"),
+                              (text.replace("sockets = 1", "sockets = 1\nremote_gb_s = 5"), "sockets > 1")):
+        with pytest.raises(MoesimError, match=message):
+            _load(tmp_path, bad_text)
     assert load_hardware("dual-xeon-6138").link_label().startswith("none")

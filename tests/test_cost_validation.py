@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from moesim.costmodel.engines import engine_names, load_engine
+from moesim.costmodel.hardware import load_hardware
 from moesim.costmodel.timing import estimate
 from moesim.costmodel.validation import BEGIN, END, points, predict, rows, scores, table
+from moesim.errors import MoesimError
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "costmodel.md"
 
@@ -19,12 +22,37 @@ def test_engine_profiles_ship():
     assert load_engine("llama.cpp").miss == "cpu" and load_engine("mixtral-offloading").writeback
 
 
+@pytest.mark.parametrize("extra, message", [('numa_pages = "mirror"', "numa_pages must be one of local, spread"),
+                                            ('numa_pages = "spread"\nnuma_gain = 0.5', "numa_gain applies to")])
+def test_numa_pages_validation(tmp_path, extra, message):
+    path = tmp_path / "e.toml"
+    path.write_text(f'name = "x"\n{extra}\n')
+    with pytest.raises(MoesimError, match=message):
+        load_engine(str(path))
+    assert load_engine("ktransformers").numa_pages == "local" and load_engine("ideal").numa_pages == "local"
+
+
 def test_engine_profiles_beat_the_pure_bandwidth_model():
     v2, v1 = scores(rows()), scores(rows("ideal"))
     assert v2["median_abs_log"] < v1["median_abs_log"] and v2["worst_abs_log"] < v1["worst_abs_log"]
-    # guard what v2 reaches today (docs/costmodel.md): median 1.199x over 17 points, worst 2.0x (ik-385, dual socket)
-    assert v2["median_abs_log"] <= math.log(1.21), v2
-    assert v2["worst_abs_log"] <= math.log(2.05), v2
+
+
+def test_dual_socket_pages_spread_over_both_nodes():
+    # ik_llama.cpp discussion #385: Windows 10 keeps the 20 threads on one socket; without --numa half the mmap-ed
+    # pages lie on the other node and cross the socket link at the measured remote rate (docs/costmodel.md)
+    pts = {p["id"]: p for p in points()}
+    for pid in ("ik-385", "ik-385-235b"):
+        ratio = predict(pts[pid])["tok_per_s"] / pts[pid]["measured"]
+        assert 0.75 < ratio < 1.1, (pid, ratio)
+    h = load_hardware("dual-xeon-6138")
+    e = load_engine("llama.cpp")
+    assert e.numa_pages == "spread" and h.process_sockets == 1
+    one_local = h.ram.bandwidth / 2
+    assert h.cpu_rate(numa_pages="spread") == pytest.approx(1 / (0.5 / one_local + 0.5 / (0.33 * one_local)))
+    # the process on both sockets (Linux, Windows 11): each socket's threads see the same mix, so two sockets give
+    # about one socket's local rate, the "a second socket adds little" seen with llama.cpp on dual-socket hosts
+    both = replace(h, process_sockets=2)
+    assert both.cpu_rate(numa_pages="spread") == pytest.approx(one_local, rel=0.02)
 
 
 def test_one_machine_sweep_is_linear_in_cpu_layers():
@@ -38,11 +66,8 @@ def test_one_machine_sweep_is_linear_in_cpu_layers():
         assert 1.15 < (pred[40] - pred[16]) / (t[40] - t[16]) < 1.4
 
 
-@pytest.mark.xfail(strict=True, reason="issue #15 worst-case target not met: 2.01x on the dual-socket Windows run "
-                                       "(target 1.6x); the median, 1.199x over 17 points, meets 1.2x only with one "
-                                       "machine's six-point sweep counted per point (1.22x per machine); see "
-                                       "docs/costmodel.md")
 def test_issue_targets():
+    # issue #15 item 7 over the absolute points: median within 1.2x, worst within 1.6x (docs/costmodel.md)
     s = scores(rows())
     assert s["median_abs_log"] <= math.log(1.2) and s["worst_abs_log"] <= math.log(1.6)
 
@@ -100,3 +125,14 @@ def test_study_ratio_table_is_current():
         "regenerate: python -m moesim.sweeps.study_ratios --write docs/costmodel.md"
     # QF and SF beat fetch-all in every configuration, SF (fewer fetches) ahead of QF
     assert all(r["quality-first"] < r["fetch-all"] and r["speed-first"] < r["quality-first"] for r in rs)
+
+
+def test_readme_states_the_current_agreement():
+    # the README's one-paragraph summary of the validation must follow the regenerated table
+    text = (DOC.parent.parent / "README.md").read_text()
+    s, ideal = scores(rows()), scores(rows("ideal"))
+    para = " ".join(text.split("**How far to trust the clock.**", 1)[1].split("\n- ", 1)[0].split())
+    assert f"Against {s['n']} published decode speeds" in para
+    assert f"median {s['median_factor']:.2f}x and at worst {s['worst_factor']:.2f}x off" in para
+    assert f"optimistic in {s['optimistic']} of {s['n']}" in para
+    assert f"median {ideal['median_factor']:.2f}x and at worst {ideal['worst_factor']:.2f}x off" in para

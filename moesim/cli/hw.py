@@ -80,7 +80,9 @@ def hw_show(name, fmt):
         ("NVMe", f"{e['nvme_gb_s']:.4g} GB/s effective, {e['nvme_latency_us']:g} us per read"),
         ("CPU experts", f"{e['cpu_expert_gb_s']:.4g} GB/s of expert weights"),
         ("GPU compute", f"{e['gpu_tflops_effective']:.4g} TFLOP/s effective (prefill)"),
-    ])
+    ] + ([("CPU sockets", f"{h.sockets}, a process runs on {h.process_sockets}; another socket's memory read at "
+                          f"{e['cpu_remote_gb_s']:.4g} GB/s; weights spread over the nodes (llama.cpp): "
+                          f"{e['cpu_spread_gb_s']:.4g} GB/s")] if h.sockets > 1 else []))
     for table in ("gpu", "vram", "ram", "link", "nvme", "cpu"):
         t = s["file"].get(table, {})
         src = t.get("sources", {})
