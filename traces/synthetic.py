@@ -423,7 +423,7 @@ def _thread_split() -> tuple[int, contextlib.AbstractContextManager]:
     import numba
 
     _passive_omp()
-    return max(1, numba.config.NUMBA_NUM_THREADS - 1), _numba_threads(1)
+    return max(1, numba.get_num_threads() - 1), _numba_threads(1)  # of the threads numba may use here
 
 
 @contextlib.contextmanager
