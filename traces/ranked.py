@@ -24,17 +24,9 @@ def code_width(n_experts: int) -> int:
     return 1 if n_experts <= 256 else 2
 
 
-def pack(codes: np.ndarray, width: int) -> np.ndarray:
-    """Codes [n, M] as bytes [n, M * width]: one byte each, or (width 2) the M low bytes then the M
-    high bytes, so the mostly-zero high bytes sit together."""
-    if width == 1:
-        return codes.astype(np.uint8)
-    c = codes.astype(np.uint16)
-    return np.concatenate([(c & 0xFF).astype(np.uint8), (c >> 8).astype(np.uint8)], axis=1)
-
-
 def pack_into(codes: np.ndarray, width: int, out: np.ndarray) -> None:
-    """pack(codes, width) written into ``out`` [n, M * width] uint8 (no temporary copy for width 1)."""
+    """Codes [n, M] as bytes into ``out`` [n, M * width] uint8: one byte each, or (width 2) the M low bytes
+    then the M high bytes, so the mostly-zero high bytes sit together."""
     if width == 1:
         out[...] = codes
         return
@@ -44,7 +36,7 @@ def pack_into(codes: np.ndarray, width: int, out: np.ndarray) -> None:
 
 
 def unpack(raw: np.ndarray, m: int, width: int) -> np.ndarray:
-    """Inverse of pack: bytes [n, M * width] -> codes [n, M] int32."""
+    """Inverse of pack_into: bytes [n, M * width] -> codes [n, M] int32."""
     if width == 1:
         return raw.astype(np.int32)
     return raw[:, :m].astype(np.int32) | (raw[:, m:].astype(np.int32) << 8)
