@@ -8,18 +8,25 @@ positions are small and repeat, and zstd codes them in ~6.4 bits instead of 7 fo
 group decodes on its own. Imported through moesim.jitcache.jitted (numba's cache).
 """
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 SMALL = 128  # up to this many experts (two 64-bit words of positions), encode counts bits instead of walking
 
 
+def thread_parts() -> int:
+    """encode's ``parts`` for the calling thread (numba's thread count is per thread)."""
+    return 2 if numba.get_num_threads() > 1 else 1
+
+
 @njit(cache=True, parallel=True, nogil=True)
-def encode(ids, layer, where, n_layers):
+def encode(ids, layer, where, n_layers, parts=2):
     """Codes [n, M] (int32) of ranked ids [n, M] whose layer ordinals are ``layer`` [n]; ``where``
-    [L, E] (each expert's position in its layer's list) is the state, updated. Layers are
-    independent, so they are coded in parallel. Returns (codes, the first row whose ids repeat or
-    leave 0..E-1, else n).
+    [L, E] (each expert's position in its layer's list, a permutation of 0..E-1) is the state, updated.
+    Layers are independent, so ``parts`` (1 or 2: pass 1 when numba runs this thread's calls on one
+    thread, where a second part only rescans the rows) classes of layers are coded in parallel. Returns
+    (codes, the first row whose ids repeat or leave 0..E-1, else n).
 
     The codes are the ids' entries in ``where``; then the row's ids take positions 0..M-1 and every
     other expert moves back by the number of the row's ids that were ahead of it. Up to SMALL experts
@@ -29,7 +36,7 @@ def encode(ids, layer, where, n_layers):
     n, m = ids.shape
     E = where.shape[1]
     out = np.empty((n, m), np.int32)
-    parts = 2  # layer classes coded in parallel (one per core here); each scans the rows in file order
+    # each part scans the rows in file order
     bad = np.full(parts, n, np.int64)
     for part in prange(parts):
         if E <= SMALL:
@@ -49,44 +56,48 @@ def _popcount(x):
 
 @njit(nogil=True)
 def _encode_bits(ids, layer, where, part, parts, out):
-    """encode's rows of the layers ``part`` mod ``parts``, E <= SMALL: returns the first bad row or n."""
+    """encode's rows of the layers ``part`` mod ``parts``, E <= SMALL: returns the first bad row or n.
+    The state is copied to bytes (all layers' lists fit the L1 cache). A repeated id shows as a
+    repeated position (``where`` is a permutation), so a row is checked once, by its bits' popcount,
+    and the loop over its ids has no data-dependent branch but the range check."""
     n, m = ids.shape
     E = where.shape[1]
-    zero, one, ones = np.uint64(0), np.uint64(1), np.uint64(0xFFFFFFFFFFFFFFFF)
-    wher = np.empty(where.shape, np.int64)
+    zero, one, c64 = np.uint64(0), np.uint64(1), np.uint64(64)
+    wher = np.empty(where.shape, np.uint8)
     for lay in range(part, where.shape[0], parts):
         for e in range(E):
             wher[lay, e] = where[lay, e]
-    mark = np.zeros(E, np.uint8)
     bad = n
     for i in range(n):
-        if layer[i] % parts != part:
+        if parts > 1 and layer[i] % parts != part:
             continue
         wh = wher[layer[i]]
         b0, b1 = zero, zero  # the row's positions: bit p of b0 (p < 64) or bit p - 64 of b1
+        ok = True
         for r in range(m):
-            e = ids[i, r]
-            if e < 0 or e >= E or mark[e]:
-                bad = i  # out of range, or a repeated id
+            e = np.uint64(ids[i, r])  # a negative id wraps around to a large one
+            if e >= np.uint64(E):
+                ok = False
                 break
-            mark[e] = 1
-            p = wh[e]
+            p = np.uint64(wh[e])
             out[i, r] = p
-            bit = one << np.uint64(p & 63)
-            b0 |= bit if p < 64 else zero
-            b1 |= zero if p < 64 else bit
-        if bad < n:
+            bit = one << (p & np.uint64(63))
+            bit0 = bit if p < c64 else zero
+            b0 |= bit0
+            b1 |= bit ^ bit0
+        if not ok or _popcount(b0) + _popcount(b1) != np.uint64(m):
+            bad = i  # out of range, or a repeated id
             break
-        for e in range(E):  # branch-free (shift counts kept in 0..63)
-            p = wh[e]
-            s0, s1 = p + 1, p - 63
-            m0 = zero if s0 >= 64 else ones << np.uint64(min(s0, 63))
-            m1 = ones if s1 <= 0 else (zero if s1 >= 64 else ones << np.uint64(min(max(s1, 0), 63)))
-            wh[e] = p + np.int64(_popcount(b0 & m0) + _popcount(b1 & m1))
+        high = np.int64(_popcount(b1))  # the row's positions above any position < 64 in b1
+        for e in range(E):  # branch-free; a shift by >= 64 (p = 63 or 127) is selected away
+            p = np.int64(wh[e])
+            low = p < 64
+            x = b0 if low else b1
+            s = np.uint64(p + 1 if low else p - 63)
+            above = (x >> s) if s < c64 else zero
+            wh[e] = p + np.int64(_popcount(above)) + (high if low else 0)
         for r in range(m):
-            e = ids[i, r]
-            wh[e] = r
-            mark[e] = 0
+            wh[np.uint64(ids[i, r])] = r
     for lay in range(part, where.shape[0], parts):
         for e in range(E):
             where[lay, e] = wher[lay, e]
@@ -112,7 +123,7 @@ def _encode_walk(ids, layer, where, part, parts, out):
     mark = np.zeros(E, np.uint8)
     bad = n
     for i in range(n):
-        if layer[i] % parts != part:
+        if parts > 1 and layer[i] % parts != part:
             continue
         wh = wher[layer[i]]
         lst = lists[layer[i]]

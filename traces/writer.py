@@ -298,6 +298,7 @@ class TraceWriter:
             ids = ids.astype(np.int32)
         R, L, E = self.row_group_size, self.meta.n_layers, self.meta.n_experts
         mtf = rk.codec()
+        parts = mtf.thread_parts()
         done, n = 0, len(ids)
         while done < n:
             if self._rk_codes is None:
@@ -305,7 +306,7 @@ class TraceWriter:
                 self._rk_codes = np.empty((R, ids.shape[1] * self._rk_width), np.uint8)  # pages touched as filled
                 self._rk_coded = 0
             take = min(n - done, R - self._rk_coded)
-            codes, bad = mtf.encode(ids[done:done + take], lay[done:done + take], self._rk_where, L)
+            codes, bad = mtf.encode(ids[done:done + take], lay[done:done + take], self._rk_where, L, parts)
             if bad < take:
                 raise MoesimError(f"ranked_ids repeats an expert within a row or holds one outside "
                                   f"0..{E - 1} (row {self.rows_written + self._buffered + done + bad})")
