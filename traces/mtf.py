@@ -20,30 +20,35 @@ def thread_parts() -> int:
     return 2 if numba.get_num_threads() > 1 else 1
 
 
-@njit(cache=True, parallel=True, nogil=True)
 def encode(ids, layer, where, n_layers, parts=2):
     """Codes [n, M] (int32) of ranked ids [n, M] whose layer ordinals are ``layer`` [n]; ``where``
     [L, E] (each expert's position in its layer's list, a permutation of 0..E-1) is the state, updated.
-    Layers are independent, so ``parts`` (1 or 2: pass 1 when numba runs this thread's calls on one
-    thread, where a second part only rescans the rows) classes of layers are coded in parallel. Returns
-    (codes, the first row whose ids repeat or leave 0..E-1, else n).
+    Returns (codes, the first row whose ids repeat or leave 0..E-1, else n); ``parts``: see encode_into."""
+    out = np.empty(ids.shape, np.int32)
+    return out, encode_into(ids, layer, where, parts, out)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def encode_into(ids, layer, where, parts, out):
+    """encode's codes into ``out`` [n, M] (int32, or uint8 when E <= 256: the ranked layout's bytes, with
+    no int32 copy between); returns the first bad row or n. Layers are independent, so ``parts`` (1 or 2:
+    pass 1 when numba runs this thread's calls on one thread, where a second part only rescans the rows)
+    classes of layers are coded in parallel.
 
     The codes are the ids' entries in ``where``; then the row's ids take positions 0..M-1 and every
     other expert moves back by the number of the row's ids that were ahead of it. Up to SMALL experts
     that number is a popcount of the row's position bits above the expert's position, for all E
     experts at once (vectorizes); above, a walk of the list's first h + 1 positions (h the row's
     largest code), the only ones that change."""
-    n, m = ids.shape
+    n = ids.shape[0]
     E = where.shape[1]
-    out = np.empty((n, m), np.int32)
-    # each part scans the rows in file order
     bad = np.full(parts, n, np.int64)
-    for part in prange(parts):
+    for part in prange(parts):  # each part scans the rows in file order
         if E <= SMALL:
             bad[part] = _encode_bits(ids, layer, where, part, parts, out)
         else:
             bad[part] = _encode_walk(ids, layer, where, part, parts, out)
-    return out, bad.min()
+    return bad.min()
 
 
 @njit(inline="always")
