@@ -271,11 +271,13 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
         gen_threads, threads = _thread_split()
         keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
                         buffers=AHEAD + 2)
-        chunks = _unpacked(_ahead(_numba_threads_in(keys, gen_threads), AHEAD), M)
+        # the gate gaps come with the ids, and q only where a column needs it
+        chunks = _unpacked(_ahead(_numba_threads_in(keys, gen_threads), AHEAD), M, k - 1 if gaps else 0,
+                           with_q=not gaps or lookahead)
     look_key = np.uint64(_rng(seed, "lookahead").integers(0, 2**63))
     with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
                               weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
-        for rows, ids, top_q, q_full, lse in chunks:
+        for rows, ids, top_q, q_full, lse, gate_gaps in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
             if sigmoid:
@@ -287,7 +289,9 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
                                                    kn.grid)
             if with_column:
                 extra["domain"] = np.repeat(dom[rows], L)
-            if ranked:
+            if gate_gaps is not None:
+                extra.update(ranked_ids=ids, gate_gaps=gate_gaps)
+            elif ranked:
                 extra.update(_ranked_columns(ids, top_q, kn.grid, k, model.gating, meta.logit_scale))
             else:
                 extra.update(top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32),
@@ -301,13 +305,14 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
 
 def _chunks_v1(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool):
     """Generator 1 (numpy): yield (token slice, ranked ids [n, M], their q [n, M], every q [n, E] or
-    None, lse [n] or None) per block of CHUNK_TOKENS tokens, n = tokens x layers."""
+    None, lse [n] or None, None: the gate gaps are made from q) per block of CHUNK_TOKENS tokens,
+    n = tokens x layers."""
     _, L, E = base.shape
     for rows, scores in _scores(base, seq, pos, dom, kn, _rng(seed, "tokens")):
         c = rows.stop - rows.start
         q = _quantize(scores, kn).reshape(c * L, E)
         ids, top_q = top_candidates(q, M)
-        yield rows, ids, top_q, q if full else None, log_sum_exp(q * kn.grid) if lse else None
+        yield rows, ids, top_q, q if full else None, log_sum_exp(q * kn.grid) if lse else None, None
 
 
 def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool,
@@ -361,16 +366,17 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
         yield slice(start, start + c), keys, q_full if full else None, lse_out if lse else None
 
 
-def _unpacked(keyed, M: int):
+def _unpacked(keyed, M: int, n_gaps: int = 0, with_q: bool = True):
     """_keys_v2's chunks as _chunks_v1's: the candidate keys sorted (numpy's vectorized sort of the ~M + 12
-    per row, in place) and unpacked into ranked ids [n, M] int16 and their q [n, M]."""
+    per row, in place) and unpacked into ranked ids [n, M] int16 and their q [n, M] (None unless
+    ``with_q``), and the last item the gate gaps [n, n_gaps] (q[:, j] - q[:, j + 1]) when n_gaps, else None."""
     from moesim.jitcache import jitted
 
-    kern = jitted("moesim.traces.synth_kernel")
+    unpack = jitted("moesim.traces.synth_unpack").unpack
     for rows, keys, q_full, lse in keyed:
         keys.sort(axis=1)
-        ids, top_q = kern.unpack_keys(keys, M)
-        yield rows, ids, top_q, q_full, lse
+        ids, top_q, gaps = unpack(keys, M, n_gaps, with_q)
+        yield rows, ids, top_q if with_q else None, q_full, lse, gaps if n_gaps else None
 
 
 def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, key, noise: float,
