@@ -26,8 +26,8 @@ def _fixed_list(values: np.ndarray, width: int, dtype) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width)
 
 
-def _dictionary(codes: np.ndarray | list, names: list[str], index_type) -> pa.DictionaryArray:
-    return pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes), type=index_type), pa.array(names, pa.string()))
+def _dictionary(codes: np.ndarray | list, names: pa.Array, index_type) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes), type=index_type), names)
 
 
 class TraceWriter:
@@ -66,8 +66,6 @@ class TraceWriter:
                                    selected=selected, weights=weights, phase=self.has_phase,
                                    lookahead=lookahead)
         self.row_group_size = row_group_size
-        self._layer_ok = np.zeros(max(meta.moe_layers) + 1, dtype=bool)
-        self._layer_ok[list(meta.moe_layers)] = True
         self._buf: list[pa.RecordBatch] = []
         self._buffered = 0
         # ranked layout: the ids are move-to-front coded per row group, so they wait in the buffer as ids
@@ -82,8 +80,12 @@ class TraceWriter:
         self._rk_codes: np.ndarray | None = None  # [row_group_size, M * width] bytes of the current group
         self._rk_coded = 0  # rows of the current group coded so far
         self._rk_groups: list[np.ndarray] = []  # the bytes of complete groups not written yet
-        self._lut = np.full(len(self._layer_ok), -1, np.int32)
+        # a layer's ordinal among the MoE layers, -1 for any other int16 layer: one lookup checks and maps
+        self._lut = np.full(max(np.iinfo(np.int16).max, *meta.moe_layers) + 1, -1, np.int32)
         self._lut[list(meta.moe_layers)] = np.arange(meta.n_layers, dtype=np.int32)
+        # the dictionaries, built once rather than per write
+        self._names = {"phase": pa.array(list(PHASES), pa.string()),
+                       "domain": pa.array(self.domains or [], pa.string())}
         self.rows_written = 0
         # refuses an input of the command or a special file as the destination, before any work
         self._out = Output(self.path, inputs)
@@ -134,15 +136,17 @@ class TraceWriter:
                                   + ("" if name in {"logits", "top_ids", "top_logits", "lse", "counts",
                                                     "ranked_ids", "gate_gaps", "gate_logits"}
                                      else f"; open the writer with {name}=True") + ")")
+        layers, ordinals = self._layers(layer, n)
         cols = {
             "seq": pa.array(self._ints(seq, n, "seq", np.int32)),
             "pos": pa.array(self._ints(pos, n, "pos", np.int32)),
-            "layer": pa.array(self._layers(layer, n)),
+            "layer": pa.array(layers),
         }
         if self.has_phase:
-            cols["phase"] = _dictionary(self._codes(phase, list(PHASES), n, "phase"), list(PHASES), pa.int8())
+            cols["phase"] = _dictionary(self._codes(phase, list(PHASES), n, "phase"), self._names["phase"], pa.int8())
         if self.domains is not None:
-            cols["domain"] = _dictionary(self._codes(domain, self.domains, n, "domain"), self.domains, pa.int16())
+            cols["domain"] = _dictionary(self._codes(domain, self.domains, n, "domain"), self._names["domain"],
+                                         pa.int16())
         elif domain is not None:
             raise MoesimError("this writer was opened without domains")
         if self.has_token:
@@ -162,10 +166,11 @@ class TraceWriter:
                                   f"got an array of shape {ids.shape}")
             if self._gate == "gate_gaps":
                 g = np.asarray(gate_gaps)
-                if g.shape != (n, self.meta.top_k - 1) or (g.size and (g.dtype.kind not in "iu" or g.min() < 0
-                                                                        or g.max() > 0xFFFF)):
+                split = rk.gap_columns(g) if g.shape == (n, self.meta.top_k - 1) and (
+                    not g.size or g.dtype.kind in "iu") else None
+                if split is None:
                     raise MoesimError(f"gate_gaps must be integers in 0..65535, {self.meta.top_k - 1} per row")
-                cols["gate_gaps"], cols["gate_gaps_high"] = rk.gap_columns(g)
+                cols["gate_gaps"], cols["gate_gaps_high"] = split
             elif self._gate == "gate_logits":
                 cols["gate_logits"] = _fixed_list(self._finite(gate_logits, n, "gate_logits"), self.meta.top_k,
                                                   np.float32)
@@ -182,7 +187,7 @@ class TraceWriter:
             cols["lookahead"] = self._lookahead(lookahead, n)
         batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self._buf_schema], schema=self._buf_schema)
         if self._ranked:  # last: a row group's coder state and bytes stay in step with the buffered rows
-            self._code_ranked(ids, self._lut[cols["layer"].to_numpy()])
+            self._code_ranked(ids, ordinals)
         self._buf.append(batch)
         self._buffered += n
         if self._buffered >= self.row_group_size:
@@ -201,17 +206,20 @@ class TraceWriter:
 
     @staticmethod
     def _broadcast(a: np.ndarray, n: int, what: str) -> np.ndarray:
+        if a.ndim == 1 and len(a) == n:
+            return a  # the usual case, without broadcast_to's Python overhead
         if a.ndim > 1 or (a.ndim == 1 and len(a) not in (1, n)):
             raise MoesimError(f"{what} has {a.size} values for {n} rows")
         return np.broadcast_to(a.reshape(-1), (n,))
 
-    def _layers(self, layer, n: int) -> np.ndarray:
+    def _layers(self, layer, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(layers as int16, their ordinals among the MoE layers)."""
         a = self._ints(layer, n, "layer", np.int16)
-        bad = a[(a >= len(self._layer_ok)) | ~self._layer_ok[np.minimum(a, len(self._layer_ok) - 1)]] \
-            if a.size else a
+        ordinals = self._lut[a]  # a is in 0..32767 here
+        bad = a[ordinals < 0]
         if bad.size:
             raise MoesimError(f"layer {int(bad[0])} is not one of the MoE layers in the metadata")
-        return a
+        return a, ordinals
 
     def _ids(self, ids, n: int, what: str) -> np.ndarray:
         a = np.asarray(ids)
@@ -306,11 +314,15 @@ class TraceWriter:
                 self._rk_codes = np.empty((R, ids.shape[1] * self._rk_width), np.uint8)  # pages touched as filled
                 self._rk_coded = 0
             take = min(n - done, R - self._rk_coded)
-            codes, bad = mtf.encode(ids[done:done + take], lay[done:done + take], self._rk_where, L, parts)
+            into = self._rk_codes[self._rk_coded:self._rk_coded + take]
+            if self._rk_width == 1:
+                bad = mtf.encode_into(ids[done:done + take], lay[done:done + take], self._rk_where, parts, into)
+            else:
+                codes, bad = mtf.encode(ids[done:done + take], lay[done:done + take], self._rk_where, L, parts)
+                rk.pack_into(codes, self._rk_width, into)
             if bad < take:
                 raise MoesimError(f"ranked_ids repeats an expert within a row or holds one outside "
                                   f"0..{E - 1} (row {self.rows_written + self._buffered + done + bad})")
-            rk.pack_into(codes, self._rk_width, self._rk_codes[self._rk_coded:self._rk_coded + take])
             self._rk_coded += take
             done += take
             if self._rk_coded == R:
