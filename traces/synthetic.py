@@ -89,20 +89,36 @@ def plan_tokens(tokens: int, seqs: int, n_domains: int, knobs: RoutingKnobs, wei
     pos = (np.arange(tokens) - np.repeat(np.cumsum(lengths) - lengths, lengths)).astype(np.int32)
     dom = np.zeros(tokens, dtype=np.int16)
     p = weights / weights.sum()
+    # rng.choice(n_domains, p=x) is cdf = x.cumsum(), cdf /= cdf[-1], then the uniform rng.random() searched
+    # in cdf (numpy's Generator.choice): the same draws without its per-call checks, ~10x faster per segment
+    first = _choice_cdf(p)
+    after = [_choice_cdf(_without(p, d)) for d in range(n_domains)] if n_domains > 1 else []
+    mean = 1.0 / max(float(knobs.topic_len), 1.0)
     start = 0
     for n in map(int, lengths):
-        d = int(rng.choice(n_domains, p=p))
+        d = int(first.searchsorted(rng.random(), side="right"))
         t = 0
         while t < n:
-            seg = int(rng.geometric(1.0 / max(float(knobs.topic_len), 1.0)))
+            seg = int(rng.geometric(mean))
             dom[start + t: start + min(n, t + seg)] = d
             t += seg
             if n_domains > 1:
-                q = p.copy()
-                q[d] = 0.0
-                d = int(rng.choice(n_domains, p=q / q.sum()))
+                d = int(after[d].searchsorted(rng.random(), side="right"))
         start += n
     return seq, pos, dom
+
+
+def _without(p: np.ndarray, d: int) -> np.ndarray:
+    """The domain weights p with domain d's set to zero, renormalized."""
+    q = p.copy()
+    q[d] = 0.0
+    return q / q.sum()
+
+
+def _choice_cdf(p: np.ndarray) -> np.ndarray:
+    cdf = p.cumsum()
+    cdf /= cdf[-1]
+    return cdf
 
 
 def _zipf_profile(rng: np.random.Generator, L: int, E: int, cutoff: float) -> np.ndarray:
