@@ -216,9 +216,8 @@ class TraceWriter:
         """(layers as int16, their ordinals among the MoE layers)."""
         a = self._ints(layer, n, "layer", np.int16)
         ordinals = self._lut[a]  # a is in 0..32767 here
-        bad = a[ordinals < 0]
-        if bad.size:
-            raise MoesimError(f"layer {int(bad[0])} is not one of the MoE layers in the metadata")
+        if a.size and ordinals.min() < 0:
+            raise MoesimError(f"layer {int(a[ordinals < 0][0])} is not one of the MoE layers in the metadata")
         return a, ordinals
 
     def _ids(self, ids, n: int, what: str) -> np.ndarray:
