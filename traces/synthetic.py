@@ -11,6 +11,7 @@ log-sum-exp over all E, computed from the same full logits.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import re
@@ -291,6 +292,8 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
         chunks = _unpacked(_ahead(_numba_threads_in(keys, gen_threads), AHEAD), M, k - 1 if gaps else 0,
                            with_q=not gaps or lookahead)
     look_key = np.uint64(_rng(seed, "lookahead").integers(0, 2**63))
+    # the chunks (but the last) are of one size; the writer keeps copies, never the arrays it is given
+    layer_rows = functools.cache(lambda c: np.tile(layers, c))
     with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
                               weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
         for rows, ids, top_q, q_full, lse, gate_gaps in chunks:
@@ -313,7 +316,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
                 extra.update(top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32),
                              lse=lse.astype(np.float32))
             writer.write(
-                seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=np.tile(layers, c),
+                seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=layer_rows(c),
                 phase=np.repeat(phase_codes[rows], L), **extra,
             )
     return path

@@ -17,6 +17,7 @@ from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.schema import arrow_schema, gate_column
 
 DEFAULT_ROW_GROUP = 65536
+_INFO = {t: np.iinfo(t) for t in (np.int16, np.int32)}  # the column types' ranges, looked up per write
 
 
 def _fixed_list(values: np.ndarray, width: int, dtype) -> pa.FixedSizeListArray:
@@ -199,7 +200,7 @@ class TraceWriter:
         if a.size and a.dtype.kind not in "iu":
             raise MoesimError(f"{what} must be integers, got {a.dtype}")
         a = TraceWriter._broadcast(a, n, what)
-        info = np.iinfo(dtype)
+        info = _INFO.get(dtype) or np.iinfo(dtype)
         if a.size and (a.min() < (info.min if minimum is None else minimum) or a.max() > info.max):
             raise MoesimError(f"{what} out of range ({int(a.min())}..{int(a.max())})")
         return a.astype(dtype)
