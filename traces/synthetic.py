@@ -292,7 +292,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
         chunks = _unpacked(_ahead(_numba_threads_in(keys, gen_threads), AHEAD), M, k - 1 if gaps else 0,
                            with_q=not gaps or lookahead)
     look_key = np.uint64(_rng(seed, "lookahead").integers(0, 2**63))
-    # the chunks (but the last) are of one size; the writer keeps copies, never the arrays it is given
+    # the chunks (but the last) are of one size; the writer converts (copies) its layer column, so one array serves
     layer_rows = functools.cache(lambda c: np.tile(layers, c))
     with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
                               weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
