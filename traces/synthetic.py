@@ -33,7 +33,8 @@ CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per k
 # generator 2 with layer coupling: at most this many (token, layer, expert) per call (the chunks, hence the
 # written batches, of the sparse layout's files depend on it)
 LINKED_DRAWS = 2 << 20
-LINK_BLOCK = 32  # generator 2 with layer coupling: tokens whose linked draws are made at a time (1.5 MB)
+BLOCK = 16  # generator 2: tokens a kernel thread walks its layers with at a time (any number: same trace)
+PARTS = 0  # generator 2: layer ranges made in parallel (0: one per numba thread; any number: same trace)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -337,14 +338,16 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
     newseq[1:] = (pos[1:] == 0) | (seq[1:] != seq[:-1])
     rho = min(max(float(kn.rho), 0.0), 0.9999)
     innov = float(np.sqrt(1.0 - rho ** 2) * kn.drift)
-    z = np.zeros((L, E), dtype=np.float32)
+    z = np.zeros((L, E), dtype=np.float32)  # the drift, in each layer's rank order
     width = min(E + 1, M + 24)
     thr = np.full(L, np.iinfo(np.int32).max, dtype=np.int32)
-    pred, link16 = coupling_links(base, weights, kn.couple)
+    link16 = coupling_link16(kn.couple)
+    order = coupling_order(base, weights) if link16 else np.tile(np.arange(E, dtype=np.int32), (L, 1))
+    base_r = np.ascontiguousarray(np.take_along_axis(base, np.broadcast_to(order, base.shape), axis=2))
+    bounds = layer_split(L, PARTS or _numba_threads_now())
     chunk = max(1, CHUNK_ROWS_2 // L)
     if link16:
         chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))
-    draws = np.empty((LINK_BLOCK, L, E) if link16 else (0, 0, 0), dtype=np.uint32)  # scratch
     # reused buffers, not fresh pages every chunk
     keys_bufs = [np.empty((min(chunk, T) * L, width), dtype=np.int32) for _ in range(min(buffers, -(-T // chunk)))]
     counts_buf = np.empty(min(chunk, T) * L, dtype=np.int32)
@@ -354,10 +357,10 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
         q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
         lse_out = np.empty(c * L if lse else 0, dtype=np.float64)
         f32 = np.float32
-        kern.generate(key, start, L, base, dom[start:start + c].astype(np.int64), newseq[start:start + c], z,
-                      f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
+        kern.generate(key, start, L, base_r, order, dom[start:start + c].astype(np.int64), newseq[start:start + c],
+                      z, f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
                       f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out,
-                      pred, link16, draws)
+                      link16, bounds, BLOCK)
         yield slice(start, start + c), keys, q_full if full else None, lse_out if lse else None
 
 
@@ -389,21 +392,43 @@ def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, k
 def coupling_links(base: np.ndarray, weights: np.ndarray, couple: float) -> tuple[np.ndarray, int]:
     """(pred [L, E] int32, link threshold in 1/65536): expert e at layer l >= 1 is the successor of
     expert pred[l, e] at layer l-1 and takes its random draws with probability ``couple``. Successor and
-    predecessor have the same rank in their layers' popularity (base [D, L, E] averaged over the domains by
-    their weights), so a successor is about as popular as its predecessor; every layer keeps its own
-    popularity."""
-    if not 0.0 <= couple <= 1.0:
-        raise MoesimError(f"couple must be a probability in [0, 1], got {couple}")
+    predecessor have the same rank in their layers' popularity (coupling_order), so a successor is about
+    as popular as its predecessor; every layer keeps its own popularity."""
+    link16 = coupling_link16(couple)
     _, L, E = base.shape
-    link16 = int(round(couple * 65536))
     pred = np.zeros((L, E), dtype=np.int32)
     if link16 == 0:
         return pred, 0
-    pop = np.tensordot(weights / weights.sum(), base.astype(np.float64), axes=1)  # [L, E]
-    order = np.argsort(-pop, axis=1, kind="stable")
+    order = coupling_order(base, weights)
     for lay in range(1, L):
         pred[lay, order[lay]] = order[lay - 1]
     return pred, link16
+
+
+def coupling_link16(couple: float) -> int:
+    """The probability ``couple`` that an expert takes its predecessor's draws, in 1/65536."""
+    if not 0.0 <= couple <= 1.0:
+        raise MoesimError(f"couple must be a probability in [0, 1], got {couple}")
+    return int(round(couple * 65536))
+
+
+def coupling_order(base: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[L, E] int32: each layer's experts by popularity (base [D, L, E] averaged over the domains by their
+    weights), most popular first; the expert of rank j at layer l is the successor of rank j at l - 1."""
+    pop = np.tensordot(weights / weights.sum(), base.astype(np.float64), axes=1)  # [L, E]
+    return np.argsort(-pop, axis=1, kind="stable").astype(np.int32)
+
+
+def layer_split(L: int, parts: int) -> np.ndarray:
+    """Generator 2's layer ranges made in parallel (bounds [P + 1]); the trace does not depend on them."""
+    parts = max(1, min(parts, L))
+    return np.array([round(p * L / parts) for p in range(parts + 1)], dtype=np.int64)
+
+
+def _numba_threads_now() -> int:
+    import numba
+
+    return numba.get_num_threads()
 
 
 AHEAD = 2  # chunks the generator thread may run ahead of the writer
