@@ -263,19 +263,10 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     )
     layers = np.asarray(model.moe_layers, dtype=np.int16)
     phase_codes = np.where(pos < prefill, 0, 1).astype(np.int8)  # codes into PHASES
-    if generator == 1:
-        chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked)
-        threads: contextlib.AbstractContextManager = contextlib.nullcontext()
-    else:
-        # two stages, each on its own cores: the generator thread runs the kernel (all cores but one), this
-        # thread sorts and unpacks the candidates and writes (one core; CPU-time balance: docs/synthetic.md)
-        gen_threads, threads = _thread_split()
-        keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
-                        buffers=AHEAD + 2)
-        chunks = _unpacked(_ahead(_numba_threads_in(keys, gen_threads), AHEAD), M)
     look_key = np.uint64(_rng(seed, "lookahead").integers(0, 2**63))
-    with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
-                              weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
+
+    def batches(chunks):
+        """The writer's columns of each chunk."""
         for rows, ids, top_q, q_full, lse in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
@@ -293,10 +284,22 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
             else:
                 extra.update(top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32),
                              lse=lse.astype(np.float32))
-            writer.write(
-                seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=np.tile(layers, c),
-                phase=np.repeat(phase_codes[rows], L), **extra,
-            )
+            yield dict(seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=np.tile(layers, c),
+                       phase=np.repeat(phase_codes[rows], L), **extra)
+
+    if generator == 1:
+        made = batches(_chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
+        threads: contextlib.AbstractContextManager = contextlib.nullcontext()
+    else:
+        # two stages, each on its own cores: the generator thread makes the rows (the kernel on all cores but
+        # one, the candidates' sort, the columns), this thread writes them (one core; docs/synthetic.md)
+        gen_threads, threads = _thread_split()
+        keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights, buffers=1)
+        made = _ahead(_numba_threads_in(batches(_unpacked(keys, M)), gen_threads), AHEAD)
+    with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
+                              weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
+        for batch in made:
+            writer.write(**batch)
     return path
 
 
