@@ -140,10 +140,10 @@ def test_coupling_keeps_each_layer_and_couples_layers(tmp_path):
     assert cb["next-layer-best"]["beyond_frequency"] > ca["next-layer-best"]["beyond_frequency"] + 0.08
 
 
-@pytest.mark.parametrize("block", [3, 1000])
-def test_coupled_trace_does_not_depend_on_chunking(tmp_path, monkeypatch, block):
-    """Chunks of 7 tokens, and the kernel's blocks of linked draws (3 tokens: blocks that end a chunk
-    short; 1000: one block per chunk), give the bytes of the default chunks and blocks."""
+@pytest.mark.parametrize("block,parts", [(3, 1), (1000, 5), (1, 36)])
+def test_coupled_trace_does_not_depend_on_chunking(tmp_path, monkeypatch, block, parts):
+    """Chunks of 7 tokens, the kernel's token blocks (3 tokens: blocks that end a chunk short; 1000: one
+    block per chunk) and its layer ranges (1, 5, one per layer) give the bytes of the defaults."""
     import moesim.traces.synthetic as synth
 
     (tmp_path / "a").mkdir()
@@ -151,7 +151,8 @@ def test_coupled_trace_does_not_depend_on_chunking(tmp_path, monkeypatch, block)
     monkeypatch.chdir(tmp_path / "a")  # same relative path: it is part of the recorded command
     one = tmp_path / "a" / synthesize("gpt-oss-120b", 300, seqs=2, path="t.parquet", lookahead=True)
     monkeypatch.setattr(synth, "LINKED_DRAWS", 36 * 128 * 7)  # 7 tokens per chunk
-    monkeypatch.setattr(synth, "LINK_BLOCK", block)
+    monkeypatch.setattr(synth, "BLOCK", block)
+    monkeypatch.setattr(synth, "PARTS", parts)
     monkeypatch.chdir(tmp_path / "b")
     two = tmp_path / "b" / synthesize("gpt-oss-120b", 300, seqs=2, path="t.parquet", lookahead=True)
     assert one.read_bytes() == two.read_bytes()

@@ -10,10 +10,13 @@ vectorize. The discrete draws match the continuous ones to ~1e-4 in the bulk (th
 1/32); the extreme buckets stand for the tails, so a normal is within +-4.33 and a Gumbel below
 11.79 (each bound passed with probability 7.6e-6 by the continuous law).
 
-Layer coupling (knob ``couple``): ``generate`` first resolves, per (token, layer, expert), whose random
-bits the element uses (its own, or, with probability ``couple``, those its predecessor at the previous
-layer uses; ``linked_draws``), a block of tokens at a time in parallel over tokens, then reads them in
-parallel over layers.
+Layer coupling (knob ``couple``): with probability ``couple`` an element uses the random bits its
+predecessor at the previous layer uses (``linked_draws`` defines them, the tests' reference). The
+predecessor of the expert of popularity rank j is the expert of rank j at the layer below, so
+``generate`` holds every layer's experts in rank order: a linked element copies the draws of the same
+position one row down (a plain copy, no gather), and only the ~1 - couple unlinked ones look up the
+quantile tables. A thread walks its range of layers a block of tokens at a time, keeping each token's
+draws of the layer below (two rows of E), so nothing leaves the CPU cache.
 """
 
 import math
@@ -104,127 +107,154 @@ def lookahead_rows(ids, q, k, n_layers, t0, key, noise_q, gtab, out):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def generate(key, t0, n_layers, base, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset, inv_grid,
-             ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, pred, link16, draws):
-    """Tokens t0 .. t0 + c - 1 (c = len(dom)); z [L, E] is the drift state, carried between calls.
-    With layer coupling (link16 > 0) the random bits are linked_draws', computed here a block of
-    ``len(draws)`` tokens at a time into the scratch ``draws`` [B, L, E] (the same bits for any block size;
-    a small block keeps them in the CPU cache, a large one makes fewer parallel regions).
+def generate(key, t0, n_layers, base, order, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset, inv_grid,
+             ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, link16, bounds, block):
+    """Tokens t0 .. t0 + c - 1 (c = len(dom)). The experts of every layer are held in rank order:
+    ``order`` [L, E] (rank -> expert: coupling_links' popularity ranks, or any order without coupling),
+    ``base`` [D, L, E] and the drift state ``z`` [L, E] (carried between calls) in that order. A linked
+    expert takes the draws of its predecessor, the expert of the same rank at the layer below, so
+    linking is a select between two rows, with no gather. ``bounds`` [P + 1] splits the layers into P
+    ranges made in parallel; each walks its layers ``block`` tokens at a time, keeping the draws of
+    the layer below in two rows per token. Neither changes the output (linked_draws' bits).
 
     Per (token, layer) row (r = i * L + l), ``keys[r, :counts[r]]`` are int32 keys
-    ((QMAX - q) << ID_BITS | e, smaller is better) that include the row's ``m`` best; thr [L] is
-    each layer's adaptive threshold (in key units), carried between calls. With qfull non-empty,
-    every expert's q goes there; with lse non-empty, the log-sum-exp of q * lse_grid."""
-    c = dom.shape[0]
-    L = n_layers
-    full = qfull.shape[0] > 0
-    want_lse = lse.shape[0] > 0
-    linked = link16 > 0
-    target = (m + width) // 2
-    step = draws.shape[0] if linked else c
-    for i0 in range(0, c, step):
-        i1 = min(c, i0 + step)
-        if linked:
-            for i in prange(i1 - i0):
-                _link_token(key, t0 + i0 + i, L, pred, np.uint64(link16), draws[i])
-        for l in prange(L):
-            _layer_rows(key, t0, L, l, i0, i1, base, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset,
-                        inv_grid, ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, linked, draws,
-                        target, full, want_lse)
+    ((QMAX - q) << ID_BITS | e, smaller is better) that include the row's ``m`` best, in no particular
+    order; thr [L] is each layer's adaptive threshold (in key units), carried between calls. With qfull
+    non-empty, every expert's q goes there; with lse non-empty, the log-sum-exp of q * lse_grid."""
+    for p in prange(bounds.shape[0] - 1):
+        _layer_range(key, t0, n_layers, bounds[p], bounds[p + 1], base, order, dom, newseq, z, rho, innov, drift,
+                     noise, inv_temp, offset, inv_grid, ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse,
+                     link16, block)
 
 
 @njit(nogil=True)
-def _layer_rows(key, t0, L, l, i0, i1, base, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset, inv_grid,
-                ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, linked, draws, target, full, want_lse):
-    """generate's rows of layer l for chunk tokens i0 .. i1 - 1 (draws[i - i0] holds token i's linked bits)."""
+def _layer_range(key, t0, L, lo, hi, base, order, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset,
+                 inv_grid, ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, link16, block):
+    """generate's rows of layers lo .. hi - 1."""
+    c = dom.shape[0]
     E = base.shape[2]
+    full = qfull.shape[0] > 0
+    want_lse = lse.shape[0] > 0
+    link = np.uint64(link16)
+    linked = link16 > 0
+    target = (m + width) // 2
+    nvs = np.empty((2, block, E), np.float32)  # the draws (normal, Gumbel) of layers l - 1 and l, alternating
+    gvs = np.empty((2, block, E), np.float32)
+    lo16 = np.empty(E, np.uint32)
+    hi16 = np.empty(E, np.uint32)
+    mine = np.empty(E, np.uint8)
+    own = np.empty(E, np.int64)
     q = np.empty(E, np.int32)
     kk = np.empty(E, np.int32)
-    nv = np.empty(E, np.float32)
-    gv = np.empty(E, np.float32)
-    for i in range(i0, i1):
-        r = i * L + l
-        ctr = key + np.uint64(((t0 + i) * L + l) * E) * GOLDEN
-        d = dom[i]
-        a = drift if newseq[i] else rho  # a new sequence starts from the drift's stationary law
-        b = drift if newseq[i] else innov
-        keep = np.float32(0.0) if newseq[i] else np.float32(1.0)
-        # the table lookups first (scalar loads), then the arithmetic over the row (vectorizes)
-        if linked:
-            for e in range(E):
-                v = draws[i - i0, l, e]
-                nv[e] = ntab[v & np.uint32(0xFFFF)]
-                gv[e] = gtab[v >> np.uint32(16)]
-        else:
-            for e in range(E):
-                x = _mix(ctr + np.uint64(e) * GOLDEN)
-                nv[e] = ntab[(x >> np.uint64(16)) & np.uint64(0xFFFF)]
-                gv[e] = gtab[x >> np.uint64(48)]
-        for e in range(E):
-            zz = keep * a * z[l, e] + b * nv[e]
-            z[l, e] = zz
-            s = (base[d, l, e] + zz + noise * gv[e]) * inv_temp + offset
-            qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
-            qi = np.int32(qq)
-            q[e] = qi
-            kk[e] = ((np.int32(QMAX) - qi) << ID_BITS) | np.int32(e)
-        th = thr[l]
-        n_in = 0
-        for e in range(E):  # the keys under the layer's threshold, branch-free
-            kk[n_in] = kk[e]
-            n_in += kk[e] < th
-        if n_in < m or n_in > width:
-            # the threshold missed this row: take the best `target` exactly, and restart the
-            # threshold from this row (rare once it has settled)
-            n_in, thr[l] = _exact(q, target, keys[r])
-        else:
-            for j in range(n_in):
-                keys[r, j] = kk[j]
-            # aim the next row at ~ target candidates (one q unit is ~0.2 experts near the edge)
-            if n_in < target:
-                thr[l] = th + (4 << ID_BITS)
-            elif n_in > target:
-                thr[l] = th - (4 << ID_BITS)
-        for j in range(n_in, width):
-            keys[r, j] = 2147483647
-        counts[r] = n_in
-        if full:
-            for e in range(E):
-                qfull[r, e] = q[e]
-        if want_lse:
-            mx = -1e300
-            for e in range(E):
-                mx = max(mx, q[e] * lse_grid)
-            acc = 0.0
-            for e in range(E):
-                acc += math.exp(q[e] * lse_grid - mx)
-            lse[r] = mx + math.log(acc)
+    qe = np.empty(E, np.int32)
+    for i0 in range(0, c, block):
+        i1 = min(c, i0 + block)
+        if linked and lo > 0:  # the layer below the range, made by another range: follow the links down
+            for i in range(i0, i1):
+                _chain(key, t0 + i, L, lo - 1, order, link, ntab, gtab, nvs[(lo - 1) & 1, i - i0],
+                       gvs[(lo - 1) & 1, i - i0])
+        for l in range(lo, hi):
+            ordl = order[l]
+            chained = linked and l > 0
+            for i in range(i0, i1):
+                nv = nvs[l & 1, i - i0]
+                gv = gvs[l & 1, i - i0]
+                ctr = key + np.uint64(((t0 + i) * L + l) * E) * GOLDEN
+                for j in range(E):  # vectorizes
+                    x = _mix(ctr + np.uint64(ordl[j]) * GOLDEN)
+                    lo16[j] = np.uint32((x >> np.uint64(16)) & np.uint64(0xFFFF))
+                    hi16[j] = np.uint32(x >> np.uint64(48))
+                    mine[j] = (x & np.uint64(0xFFFF)) >= link
+                n = E
+                if chained:
+                    nvp = nvs[(l + 1) & 1, i - i0]
+                    gvp = gvs[(l + 1) & 1, i - i0]
+                    for j in range(E):  # the predecessor's draws (vectorizes); the own ones replace them below
+                        nv[j] = nvp[j]
+                        gv[j] = gvp[j]
+                    n = 0
+                    for j in range(E):  # the ranks with own draws (~1 - couple of them), branch-free
+                        own[n] = j
+                        n += mine[j]
+                for k in range(n):  # table lookups only where needed
+                    j = own[k] if chained else k
+                    nv[j] = ntab[lo16[j]]
+                    gv[j] = gtab[hi16[j]]
+                r = i * L + l
+                a = drift if newseq[i] else rho  # a new sequence starts from the drift's stationary law
+                b = drift if newseq[i] else innov
+                keep = np.float32(0.0) if newseq[i] else np.float32(1.0)
+                bl = base[dom[i], l]
+                zl = z[l]
+                for j in range(E):  # vectorizes
+                    zz = keep * a * zl[j] + b * nv[j]
+                    zl[j] = zz
+                    s = (bl[j] + zz + noise * gv[j]) * inv_temp + offset
+                    qq = min(max(np.rint(s * inv_grid), np.float32(-QMAX + 1)), np.float32(QMAX - 1))
+                    qi = np.int32(qq)
+                    q[j] = qi
+                    kk[j] = ((np.int32(QMAX) - qi) << ID_BITS) | ordl[j]
+                th = thr[l]
+                n_in = 0
+                for j in range(E):  # the keys under the layer's threshold, branch-free
+                    kk[n_in] = kk[j]
+                    n_in += kk[j] < th
+                if n_in < m or n_in > width:
+                    # the threshold missed this row: take the best `target` exactly, and restart the
+                    # threshold from this row (rare once it has settled)
+                    n_in, thr[l] = _exact(q, ordl, target, keys[r])
+                else:
+                    for j in range(n_in):
+                        keys[r, j] = kk[j]
+                    # aim the next row at ~ target candidates (one q unit is ~0.2 experts near the edge)
+                    if n_in < target:
+                        thr[l] = th + (4 << ID_BITS)
+                    elif n_in > target:
+                        thr[l] = th - (4 << ID_BITS)
+                for j in range(n_in, width):
+                    keys[r, j] = 2147483647
+                counts[r] = n_in
+                if full or want_lse:
+                    for j in range(E):  # expert order: the log-sum-exp adds in it
+                        qe[ordl[j]] = q[j]
+                if full:
+                    for e in range(E):
+                        qfull[r, e] = qe[e]
+                if want_lse:
+                    mx = -1e300
+                    for e in range(E):
+                        mx = max(mx, qe[e] * lse_grid)
+                    acc = 0.0
+                    for e in range(E):
+                        acc += math.exp(qe[e] * lse_grid - mx)
+                    lse[r] = mx + math.log(acc)
 
 
 @njit(inline="always")
-def _exact(q, n, out):
-    """The n best keys of a row (sorted) and the key just after them (the next threshold)."""
+def _chain(key, t, L, l, order, link, ntab, gtab, nv, gv):
+    """The draws of row (t, l) (rank order) into nv, gv, each rank following its links down to its first
+    own draw (~1 / (1 - couple) steps)."""
+    E = nv.shape[0]
+    for j in range(E):
+        ll = l
+        x = _mix(key + np.uint64((t * L + ll) * E) * GOLDEN + np.uint64(order[ll, j]) * GOLDEN)
+        while ll > 0 and (x & np.uint64(0xFFFF)) < link:
+            ll -= 1
+            x = _mix(key + np.uint64((t * L + ll) * E) * GOLDEN + np.uint64(order[ll, j]) * GOLDEN)
+        nv[j] = ntab[(x >> np.uint64(16)) & np.uint64(0xFFFF)]
+        gv[j] = gtab[x >> np.uint64(48)]
+
+
+@njit(inline="always")
+def _exact(q, ids, n, out):
+    """The n best keys of a row (sorted) of logits q [E] of experts ids [E], and the key just after them
+    (the next threshold)."""
     E = q.shape[0]
     ks = np.empty(E, np.int32)
     for e in range(E):
-        ks[e] = ((np.int32(QMAX) - q[e]) << ID_BITS) | np.int32(e)
+        ks[e] = ((np.int32(QMAX) - q[e]) << ID_BITS) | ids[e]
     ks.sort()
     n = min(E, n)
     for j in range(n):
         out[j] = ks[j]
     return n, ks[n] if n < E else np.int32(2147483647)
-
-
-@njit(cache=True, nogil=True)
-def unpack_keys(keys, m):
-    """Sorted keys [n, >= m] -> (ids [n, m] int16, q [n, m] int32) of the m best."""
-    n = keys.shape[0]
-    ids = np.empty((n, m), np.int16)
-    q = np.empty((n, m), np.int32)
-    mask = (1 << ID_BITS) - 1
-    for i in range(n):
-        for j in range(m):
-            kk = keys[i, j]
-            ids[i, j] = kk & mask
-            q[i, j] = QMAX - (kk >> ID_BITS)
-    return ids, q

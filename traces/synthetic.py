@@ -34,7 +34,8 @@ CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per k
 # generator 2 with layer coupling: at most this many (token, layer, expert) per call (the chunks, hence the
 # written batches, of the sparse layout's files depend on it)
 LINKED_DRAWS = 2 << 20
-LINK_BLOCK = 32  # generator 2 with layer coupling: tokens whose linked draws are made at a time (1.5 MB)
+BLOCK = 16  # generator 2: tokens a kernel thread walks its layers with at a time (any number: same trace)
+PARTS = 0  # generator 2: layer ranges made in parallel (0: one per numba thread; any number: same trace)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
 _DOMAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -279,23 +280,12 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     )
     layers = np.asarray(model.moe_layers, dtype=np.int16)
     phase_codes = np.where(pos < prefill, 0, 1).astype(np.int8)  # codes into PHASES
-    if generator == 1:
-        chunks = _chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked)
-        threads: contextlib.AbstractContextManager = contextlib.nullcontext()
-    else:
-        # two stages, each on its own cores: the generator thread runs the kernel (all cores but one), this
-        # thread sorts and unpacks the candidates and writes (one core; CPU-time balance: docs/synthetic.md)
-        gen_threads, threads = _thread_split()
-        keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
-                        buffers=AHEAD + 2)
-        # the gate gaps come with the ids, and q only where a column needs it
-        chunks = _unpacked(_ahead(_numba_threads_in(keys, gen_threads), AHEAD), M, k - 1 if gaps else 0,
-                           with_q=not gaps or lookahead)
     look_key = np.uint64(_rng(seed, "lookahead").integers(0, 2**63))
     # the chunks (but the last) are of one size; the writer converts (copies) its layer column, so one array serves
     layer_rows = functools.cache(lambda c: np.tile(layers, c))
-    with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
-                              weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
+
+    def batches(chunks):
+        """The writer's columns of each chunk."""
         for rows, ids, top_q, q_full, lse, gate_gaps in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
@@ -315,10 +305,24 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
             else:
                 extra.update(top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32),
                              lse=lse.astype(np.float32))
-            writer.write(
-                seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=layer_rows(c),
-                phase=np.repeat(phase_codes[rows], L), **extra,
-            )
+            yield dict(seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=layer_rows(c),
+                       phase=np.repeat(phase_codes[rows], L), **extra)
+
+    if generator == 1:
+        made = batches(_chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
+        threads: contextlib.AbstractContextManager = contextlib.nullcontext()
+    else:
+        # two stages, each on its own cores: the generator thread makes the rows (the kernel on all cores but
+        # one, the candidates' sort, the columns), this thread writes them (one core; docs/synthetic.md)
+        gen_threads, threads = _thread_split()
+        keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights, buffers=1)
+        # the gate gaps come with the ids, and q only where a column needs it
+        made = _ahead(_numba_threads_in(batches(_unpacked(keys, M, k - 1 if gaps else 0,
+                                                          with_q=not gaps or lookahead)), gen_threads), AHEAD)
+    with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
+                              weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
+        for batch in made:
+            writer.write(**batch)
     return path
 
 
@@ -361,14 +365,16 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
     newseq[1:] = (pos[1:] == 0) | (seq[1:] != seq[:-1])
     rho = min(max(float(kn.rho), 0.0), 0.9999)
     innov = float(np.sqrt(1.0 - rho ** 2) * kn.drift)
-    z = np.zeros((L, E), dtype=np.float32)
+    z = np.zeros((L, E), dtype=np.float32)  # the drift, in each layer's rank order
     width = min(E + 1, M + 24)
     thr = np.full(L, np.iinfo(np.int32).max, dtype=np.int32)
-    pred, link16 = coupling_links(base, weights, kn.couple)
+    link16 = coupling_link16(kn.couple)
+    order = coupling_order(base, weights) if link16 else np.tile(np.arange(E, dtype=np.int32), (L, 1))
+    base_r = np.ascontiguousarray(np.take_along_axis(base, np.broadcast_to(order, base.shape), axis=2))
+    bounds = layer_split(L, PARTS or _numba_threads_now())
     chunk = max(1, CHUNK_ROWS_2 // L)
     if link16:
         chunk = max(1, min(chunk, LINKED_DRAWS // (L * E)))
-    draws = np.empty((LINK_BLOCK, L, E) if link16 else (0, 0, 0), dtype=np.uint32)  # scratch
     # reused buffers, not fresh pages every chunk
     keys_bufs = [np.empty((min(chunk, T) * L, width), dtype=np.int32) for _ in range(min(buffers, -(-T // chunk)))]
     counts_buf = np.empty(min(chunk, T) * L, dtype=np.int32)
@@ -378,10 +384,10 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
         q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
         lse_out = np.empty(c * L if lse else 0, dtype=np.float64)
         f32 = np.float32
-        kern.generate(key, start, L, base, dom[start:start + c].astype(np.int64), newseq[start:start + c], z,
-                      f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
+        kern.generate(key, start, L, base_r, order, dom[start:start + c].astype(np.int64), newseq[start:start + c],
+                      z, f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
                       f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out,
-                      pred, link16, draws)
+                      link16, bounds, BLOCK)
         yield slice(start, start + c), keys, q_full if full else None, lse_out if lse else None
 
 
@@ -414,21 +420,43 @@ def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, k
 def coupling_links(base: np.ndarray, weights: np.ndarray, couple: float) -> tuple[np.ndarray, int]:
     """(pred [L, E] int32, link threshold in 1/65536): expert e at layer l >= 1 is the successor of
     expert pred[l, e] at layer l-1 and takes its random draws with probability ``couple``. Successor and
-    predecessor have the same rank in their layers' popularity (base [D, L, E] averaged over the domains by
-    their weights), so a successor is about as popular as its predecessor; every layer keeps its own
-    popularity."""
-    if not 0.0 <= couple <= 1.0:
-        raise MoesimError(f"couple must be a probability in [0, 1], got {couple}")
+    predecessor have the same rank in their layers' popularity (coupling_order), so a successor is about
+    as popular as its predecessor; every layer keeps its own popularity."""
+    link16 = coupling_link16(couple)
     _, L, E = base.shape
-    link16 = int(round(couple * 65536))
     pred = np.zeros((L, E), dtype=np.int32)
     if link16 == 0:
         return pred, 0
-    pop = np.tensordot(weights / weights.sum(), base.astype(np.float64), axes=1)  # [L, E]
-    order = np.argsort(-pop, axis=1, kind="stable")
+    order = coupling_order(base, weights)
     for lay in range(1, L):
         pred[lay, order[lay]] = order[lay - 1]
     return pred, link16
+
+
+def coupling_link16(couple: float) -> int:
+    """The probability ``couple`` that an expert takes its predecessor's draws, in 1/65536."""
+    if not 0.0 <= couple <= 1.0:
+        raise MoesimError(f"couple must be a probability in [0, 1], got {couple}")
+    return int(round(couple * 65536))
+
+
+def coupling_order(base: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[L, E] int32: each layer's experts by popularity (base [D, L, E] averaged over the domains by their
+    weights), most popular first; the expert of rank j at layer l is the successor of rank j at l - 1."""
+    pop = np.tensordot(weights / weights.sum(), base.astype(np.float64), axes=1)  # [L, E]
+    return np.argsort(-pop, axis=1, kind="stable").astype(np.int32)
+
+
+def layer_split(L: int, parts: int) -> np.ndarray:
+    """Generator 2's layer ranges made in parallel (bounds [P + 1]); the trace does not depend on them."""
+    parts = max(1, min(parts, L))
+    return np.array([round(p * L / parts) for p in range(parts + 1)], dtype=np.int64)
+
+
+def _numba_threads_now() -> int:
+    import numba
+
+    return numba.get_num_threads()
 
 
 AHEAD = 2  # chunks the generator thread may run ahead of the writer
