@@ -312,13 +312,15 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
         made = batches(_chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
         threads: contextlib.AbstractContextManager = contextlib.nullcontext()
     else:
-        # two stages, each on its own cores: the generator thread makes the rows (the kernel on all cores but
-        # one, the candidates' sort, the columns), this thread writes them (one core; docs/synthetic.md)
+        # two stages, each on its own cores: the generator thread runs the kernel (all cores but one) and sorts
+        # each row's candidates, this thread unpacks them, makes the columns and writes (one core; a CPU-time
+        # balance: docs/synthetic.md)
         gen_threads, threads = _thread_split()
-        keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights, buffers=1)
+        keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
+                        buffers=AHEAD + 2)
         # the gate gaps come with the ids, and q only where a column needs it
-        made = _ahead(_numba_threads_in(batches(_unpacked(keys, M, k - 1 if gaps else 0,
-                                                          with_q=not gaps or lookahead)), gen_threads), AHEAD)
+        made = batches(_unpacked(_ahead(_numba_threads_in(_sorted(keys), gen_threads), AHEAD), M,
+                                 k - 1 if gaps else 0, with_q=not gaps or lookahead))
     with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
                               weights=sigmoid, compression_level=3 if ranked else 9, lookahead=lookahead) as writer:
         for batch in made:
@@ -342,7 +344,8 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
                weights: np.ndarray):
     """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
     jitted and parallel over layers; same yields as _chunks_v1."""
-    return _unpacked(_keys_v2(base, seq, pos, dom, kn, seed, M, full=full, lse=lse, weights=weights, buffers=1), M)
+    return _unpacked(_sorted(_keys_v2(base, seq, pos, dom, kn, seed, M, full=full, lse=lse, weights=weights,
+                                      buffers=1)), M)
 
 
 def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool,
@@ -391,15 +394,21 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
         yield slice(start, start + c), keys, q_full if full else None, lse_out if lse else None
 
 
+def _sorted(keyed):
+    """_keys_v2's chunks with each row of candidate keys sorted (numpy's vectorized sort, in place)."""
+    for item in keyed:
+        item[1].sort(axis=1)
+        yield item
+
+
 def _unpacked(keyed, M: int, n_gaps: int = 0, with_q: bool = True):
-    """_keys_v2's chunks as _chunks_v1's: the candidate keys sorted (numpy's vectorized sort of the ~M + 12
-    per row, in place) and unpacked into ranked ids [n, M] int16 and their q [n, M] (None unless
-    ``with_q``), and the last item the gate gaps [n, n_gaps] (q[:, j] - q[:, j + 1]) when n_gaps, else None."""
+    """_sorted chunks as _chunks_v1's: the candidate keys unpacked into ranked ids [n, M] int16 and their
+    q [n, M] (None unless ``with_q``), and the last item the gate gaps [n, n_gaps] (q[:, j] - q[:, j + 1])
+    when n_gaps, else None."""
     from moesim.jitcache import jitted
 
     unpack = jitted("moesim.traces.synth_unpack").unpack
     for rows, keys, q_full, lse in keyed:
-        keys.sort(axis=1)
         ids, top_q, gaps = unpack(keys, M, n_gaps, with_q)
         yield rows, ids, top_q if with_q else None, q_full, lse, gaps if n_gaps else None
 
