@@ -16,6 +16,7 @@ import math
 import os
 import re
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -284,7 +285,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     # the chunks (but the last) are of one size; the writer converts (copies) its layer column, so one array serves
     layer_rows = functools.cache(lambda c: np.tile(layers, c))
 
-    def batches(chunks):
+    def batches(chunks) -> Iterator[dict]:
         """The writer's columns of each chunk."""
         for rows, ids, top_q, q_full, lse, gate_gaps in chunks:
             c = rows.stop - rows.start
