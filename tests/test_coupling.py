@@ -111,17 +111,16 @@ def test_real_flame_layers_predict_the_next(flame_dir, tmp_path):
 
 
 def test_linked_draws_follow_the_links():
-    from moesim.jitcache import jitted
+    """The reference bits the kernel is tested against (tests/test_synth_kernel.py): always linked, every
+    layer's bits are the layer below's through pred; never linked, each element has its own."""
+    from synth_reference import linked_bits
 
-    kern = jitted("moesim.traces.synth_kernel")
     L, E, c = 4, 16, 3
     rng = np.random.default_rng(zlib.crc32(b"linked"))
     pred = np.zeros((L, E), np.int32)
     for lay in range(1, L):
         pred[lay] = rng.permutation(E)
-    full, none = np.empty((c, L, E), np.uint32), np.empty((c, L, E), np.uint32)
-    kern.linked_draws(np.uint64(5), 7, L, pred, 65536, full)
-    kern.linked_draws(np.uint64(5), 7, L, pred, 0, none)
+    full, none = linked_bits(5, 7, c, pred, 65536), linked_bits(5, 7, c, pred, 0)
     np.testing.assert_array_equal(full[:, 0], none[:, 0])
     for lay in range(1, L):
         np.testing.assert_array_equal(full[:, lay], full[:, lay - 1][:, pred[lay]])  # always linked

@@ -1,5 +1,5 @@
 """Generator 2's kernel (traces/synth_kernel.py `generate`) against a plain numpy reference that reads the
-model off its definition: every element's random bits from ``linked_draws``, the quantile tables, the
+model off its definition: every element's random bits (tests/synth_reference.py), the quantile tables, the
 drift, the noise, the quantized logit, and the m best keys of each row. The kernel's rank-order layout,
 layer ranges and token blocks are implementation: the outputs must be equal for any of them."""
 
@@ -10,9 +10,10 @@ import zlib
 
 import numpy as np
 import pytest
+from synth_reference import linked_bits, predecessors
 
 from moesim.jitcache import jitted
-from moesim.traces.synthetic import _quantile_tables, coupling_links, coupling_order, layer_split
+from moesim.traces.synthetic import _quantile_tables, coupling_link16, coupling_order, layer_split
 
 QMAX, ID_BITS = 1 << 20, 10
 F = np.float32
@@ -26,7 +27,8 @@ def _setup(E: int, couple: float):
     dom = np.repeat(rng.integers(0, D, 8), 5).astype(np.int64)
     newseq = np.zeros(c, np.bool_)
     newseq[[0, 17]] = True
-    pred, link16 = coupling_links(base, weights, couple)
+    link16 = coupling_link16(couple)
+    pred = predecessors(coupling_order(base, weights))
     knobs = dict(rho=F(0.81), innov=F(0.6), drift=F(1.04), noise=F(1.0), inv_temp=F(1.1), offset=F(0.25),
                  inv_grid=F(32.0))
     return base, weights, dom, newseq, pred, link16, knobs, m
@@ -36,8 +38,7 @@ def _reference(key, t0, base, dom, newseq, pred, link16, kn, m, grid):
     """Best m keys [c * L, m] (sorted), every q [c * L, E] (expert order), log-sum-exps [c * L]."""
     D, L, E = base.shape
     c = len(dom)
-    bits = np.empty((c, L, E), np.uint32)
-    jitted("moesim.traces.synth_kernel").linked_draws(np.uint64(key), t0, L, pred, link16, bits)
+    bits = linked_bits(key, t0, c, pred, link16)
     ntab, gtab = _quantile_tables()
     z = np.zeros((L, E), np.float32)
     best = np.empty((c * L, m), np.int32)

@@ -11,7 +11,7 @@ vectorize. The discrete draws match the continuous ones to ~1e-4 in the bulk (th
 11.79 (each bound passed with probability 7.6e-6 by the continuous law).
 
 Layer coupling (knob ``couple``): with probability ``couple`` an element uses the random bits its
-predecessor at the previous layer uses (``linked_draws`` defines them, the tests' reference). The
+predecessor at the previous layer uses (tests/synth_reference.py reads them off that definition). The
 predecessor of the expert of popularity rank j is the expert of rank j at the layer below, so
 ``generate`` holds every layer's experts in rank order: a linked element copies the draws of the same
 position one row down (a plain copy, no gather), and only the ~1 - couple unlinked ones look up the
@@ -50,34 +50,6 @@ def _mix(x):
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def linked_draws(key, t0, n_layers, pred, link16, out):
-    """Layer coupling: the random bits of tokens t0 .. t0 + c - 1 (out [c, L, E] uint32: the 16 bits of
-    the normal, then the 16 of the Gumbel). With probability link16 / 65536 (the draw's low 16 bits
-    decide) the bits of (t, l, e) are those of (t, l - 1, pred[l, e]), recursively; pred[l] is a
-    permutation, so every layer's draws stay independent normals and Gumbels, as without coupling."""
-    for i in prange(out.shape[0]):
-        _link_token(key, t0 + i, n_layers, pred, np.uint64(link16), out[i])
-
-
-@njit(inline="always")
-def _link_token(key, t, L, pred, link, out):
-    """linked_draws of one token t: out [L, E]."""
-    E = out.shape[1]
-    linked = np.empty(E, np.bool_)
-    for l in range(L):
-        ctr = key + np.uint64((t * L + l) * E) * GOLDEN
-        for e in range(E):  # no branches: vectorizes
-            x = _mix(ctr + np.uint64(e) * GOLDEN)
-            lo, hi = (x >> np.uint64(16)) & np.uint64(0xFFFF), x >> np.uint64(48)
-            out[l, e] = np.uint32(lo | (hi << np.uint64(16)))
-            linked[e] = (x & np.uint64(0xFFFF)) < link
-        if l > 0:  # layer 0 has no predecessor
-            for e in range(E):  # both loads and a select, no branch: ~90% linked at random mispredicts
-                v = out[l - 1, pred[l, e]]
-                out[l, e] = v if linked[e] else out[l, e]
-
-
-@njit(cache=True, parallel=True, nogil=True)
 def lookahead_rows(ids, q, k, n_layers, t0, key, noise_q, gtab, out):
     """The synthetic lookahead column of token-major rows [c * L] starting at token t0 (out [c * L, k]):
     per row the k best of the next layer's candidates ``ids`` after adding Gumbel noise (``noise_q``
@@ -110,12 +82,12 @@ def lookahead_rows(ids, q, k, n_layers, t0, key, noise_q, gtab, out):
 def generate(key, t0, n_layers, base, order, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset, inv_grid,
              ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, link16, bounds, block):
     """Tokens t0 .. t0 + c - 1 (c = len(dom)). The experts of every layer are held in rank order:
-    ``order`` [L, E] (rank -> expert: coupling_links' popularity ranks, or any order without coupling),
+    ``order`` [L, E] (rank -> expert: coupling_order's popularity ranks, or any order without coupling),
     ``base`` [D, L, E] and the drift state ``z`` [L, E] (carried between calls) in that order. A linked
     expert takes the draws of its predecessor, the expert of the same rank at the layer below, so
     linking is a select between two rows, with no gather. ``bounds`` [P + 1] splits the layers into P
     ranges made in parallel; each walks its layers ``block`` tokens at a time, keeping the draws of
-    the layer below in two rows per token. Neither changes the output (linked_draws' bits).
+    the layer below in two rows per token. Neither changes the output.
 
     Per (token, layer) row (r = i * L + l), ``keys[r, :counts[r]]`` are int32 keys
     ((QMAX - q) << ID_BITS | e, smaller is better) that include the row's ``m`` best, in no particular
@@ -236,11 +208,12 @@ def _chain(key, t, L, l, order, link, ntab, gtab, nv, gv):
     own draw (~1 / (1 - couple) steps)."""
     E = nv.shape[0]
     for j in range(E):
-        ll = l
-        x = _mix(key + np.uint64((t * L + ll) * E) * GOLDEN + np.uint64(order[ll, j]) * GOLDEN)
-        while ll > 0 and (x & np.uint64(0xFFFF)) < link:
+        ll = l + 1
+        linked = True
+        while linked:  # layer 0 has no predecessor
             ll -= 1
             x = _mix(key + np.uint64((t * L + ll) * E) * GOLDEN + np.uint64(order[ll, j]) * GOLDEN)
+            linked = ll > 0 and (x & np.uint64(0xFFFF)) < link
         nv[j] = ntab[(x >> np.uint64(16)) & np.uint64(0xFFFF)]
         gv[j] = gtab[x >> np.uint64(48)]
 

@@ -427,22 +427,6 @@ def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, k
     return out
 
 
-def coupling_links(base: np.ndarray, weights: np.ndarray, couple: float) -> tuple[np.ndarray, int]:
-    """(pred [L, E] int32, link threshold in 1/65536): expert e at layer l >= 1 is the successor of
-    expert pred[l, e] at layer l-1 and takes its random draws with probability ``couple``. Successor and
-    predecessor have the same rank in their layers' popularity (coupling_order), so a successor is about
-    as popular as its predecessor; every layer keeps its own popularity."""
-    link16 = coupling_link16(couple)
-    _, L, E = base.shape
-    pred = np.zeros((L, E), dtype=np.int32)
-    if link16 == 0:
-        return pred, 0
-    order = coupling_order(base, weights)
-    for lay in range(1, L):
-        pred[lay, order[lay]] = order[lay - 1]
-    return pred, link16
-
-
 def coupling_link16(couple: float) -> int:
     """The probability ``couple`` that an expert takes its predecessor's draws, in 1/65536."""
     if not 0.0 <= couple <= 1.0:
@@ -452,7 +436,8 @@ def coupling_link16(couple: float) -> int:
 
 def coupling_order(base: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """[L, E] int32: each layer's experts by popularity (base [D, L, E] averaged over the domains by their
-    weights), most popular first; the expert of rank j at layer l is the successor of rank j at l - 1."""
+    weights), most popular first; the expert of rank j at layer l >= 1 is the successor of rank j at l - 1
+    and takes its random draws with probability ``couple`` (layer coupling; docs/synthetic.md)."""
     pop = np.tensordot(weights / weights.sum(), base.astype(np.float64), axes=1)  # [L, E]
     return np.argsort(-pop, axis=1, kind="stable").astype(np.int32)
 
