@@ -1,7 +1,7 @@
 """Requests per second of moesim's kernel vs libCacheSim's C replay, same stream, same process.
 
     python benchmarks/replay_vs_libcachesim.py [--steps 625000] [--experts 512] [--k 8] [--capacity 128]
-                                               [--policies lru,fifo,...] [--clock cpu|wall]
+                                               [--policies lru,fifo,...] [--clock cpu|wall] [--processes N]
 
 One layer of E experts, top-k routing with Zipf-like popularity and temporal
 locality; libCacheSim replays the same flattened stream from an oracleGeneral
@@ -11,12 +11,16 @@ the kernel alone, compiled; libCacheSim: process_trace alone, file written
 beforehand), by default in CPU time of this thread (steadier than elapsed time
 when other jobs load the machine). Prints requests/s and the ratio per policy,
 then how long a fresh process takes to get a ready kernel (from numba's on-disk
-cache).
+cache). libCacheSim's own speed moves by up to ~1.9x from one process to the next
+(with the same stream and the same cache sizes), so ``--processes N`` runs the
+whole comparison in N fresh processes, one after another, and prints each
+policy's ratio per process and their median, minimum and maximum.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -66,7 +70,12 @@ def main():
                     help="default: every eviction whose module names a libCacheSim twin")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: this thread's CPU time (steadier on a shared machine); wall: elapsed time")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="run the comparison in this many fresh processes and summarize the ratios")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one process's rows, for --processes
     args = ap.parse_args()
+    if args.processes > 1:
+        return across_processes(args)
 
     import libcachesim as lcs
 
@@ -77,9 +86,10 @@ def main():
     tmp = Path(tempfile.mkdtemp()) / "stream.oracle"
     oracle_trace(tmp, stream)
     twins = registry.libcachesim_twins()
-    print(f"stream: {n:,} requests, {args.experts} experts, top-{args.k}, capacity {args.capacity}, "
-          f"best of {args.repeat}, {args.clock} time; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'policy':8} {'libCacheSim Mreq/s':>19} {'moesim Mreq/s':>14} {'ratio':>6}  misses (equal?)")
+    say = (lambda *a, **k: None) if args.json else print
+    say(f"stream: {n:,} requests, {args.experts} experts, top-{args.k}, capacity {args.capacity}, "
+        f"best of {args.repeat}, {args.clock} time; load average {os.getloadavg()[0]:.1f}")
+    say(f"{'policy':8} {'libCacheSim Mreq/s':>19} {'moesim Mreq/s':>14} {'ratio':>6}  misses (equal?)")
     for policy in args.policies.split(","):
         config = SimConfig(eviction=policy, miss="fetch-all", slots=args.capacity)
         simulate(routing, config)  # compile + shared arrays
@@ -104,12 +114,50 @@ def main():
             t_m = min(t_m, dt)
             dt, l_misses = run_lcs()
             t_l = min(t_l, dt)
+        if args.json:
+            print(json.dumps(dict(policy=policy, lcs=n / t_l, moesim=n / t_m, equal=m_misses == l_misses)),
+                  flush=True)
+            continue
         print(f"{policy:8} {n / t_l / 1e6:19.1f} {n / t_m / 1e6:14.1f} {t_l / t_m:6.2f}  "
               f"{m_misses} vs {l_misses} ({'yes' if m_misses == l_misses else 'NO'})", flush=True)
+    if args.json:
+        return
     code = ("import time; t0 = time.perf_counter(); from moesim.simulator import driver; "
             "driver.ensure_compiled(); print(time.perf_counter() - t0)")
     secs = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     print(f"a fresh process: import + ready kernel in {secs:.2f} s (numba cache hit)")
+
+
+def across_processes(args):
+    """The comparison in args.processes fresh processes in turn; each policy's ratio per process and summary."""
+    import statistics
+
+    forward = [a for a in sys.argv[1:] if not a.startswith("--processes")]
+    if "--processes" in sys.argv:  # the form "--processes N" (not "--processes=N")
+        i = sys.argv.index("--processes")
+        forward = sys.argv[1:i] + sys.argv[i + 2:]
+    rows: dict[str, list[dict]] = {}
+    print(f"{args.processes} fresh processes, one after another; load average {os.getloadavg()[0]:.1f} at start",
+          flush=True)
+    for p in range(args.processes):
+        out = subprocess.run([sys.executable, __file__, *forward, "--json"], capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(f"process {p + 1} failed:\n{out.stderr}")
+        for line in out.stdout.splitlines():
+            row = json.loads(line)
+            rows.setdefault(row["policy"], []).append(row)
+        print(f"  process {p + 1}: " + ", ".join(f"{k} {v[-1]['moesim'] / v[-1]['lcs']:.2f}" for k, v in rows.items()),
+              flush=True)
+    print(f"{'policy':8} {'ratio median':>12} {'min':>6} {'max':>6}  {'libCacheSim Mreq/s':>19}  "
+          f"{'moesim Mreq/s':>14}  misses equal")
+    for policy, runs in rows.items():
+        ratios = [r["moesim"] / r["lcs"] for r in runs]
+        lcs = [r["lcs"] / 1e6 for r in runs]
+        ms = [r["moesim"] / 1e6 for r in runs]
+        print(f"{policy:8} {statistics.median(ratios):12.2f} {min(ratios):6.2f} {max(ratios):6.2f}  "
+              f"{min(lcs):8.1f} - {max(lcs):8.1f}  {min(ms):6.1f} - {max(ms):5.1f}  "
+              f"{'yes' if all(r['equal'] for r in runs) else 'NO'}")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
