@@ -132,15 +132,13 @@ def across_processes(args):
     """The comparison in args.processes fresh processes in turn; each policy's ratio per process and summary."""
     import statistics
 
-    forward = [a for a in sys.argv[1:] if not a.startswith("--processes")]
-    if "--processes" in sys.argv:  # the form "--processes N" (not "--processes=N")
-        i = sys.argv.index("--processes")
-        forward = sys.argv[1:i] + sys.argv[i + 2:]
     rows: dict[str, list[dict]] = {}
     print(f"{args.processes} fresh processes, one after another; load average {os.getloadavg()[0]:.1f} at start",
           flush=True)
     for p in range(args.processes):
-        out = subprocess.run([sys.executable, __file__, *forward, "--json"], capture_output=True, text=True)
+        # the last --processes wins, whatever form the first one took
+        child = [sys.executable, __file__, *sys.argv[1:], "--processes", "1", "--json"]
+        out = subprocess.run(child, capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"process {p + 1} failed:\n{out.stderr}")
         for line in out.stdout.splitlines():
