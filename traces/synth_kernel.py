@@ -16,13 +16,17 @@ predecessor of the expert of popularity rank j is the expert of rank j at the la
 ``generate`` holds every layer's experts in rank order: a linked element copies the draws of the same
 position one row down (a plain copy, no gather), and only the ~1 - couple unlinked ones look up the
 quantile tables. A thread walks its range of layers a block of tokens at a time, keeping each token's
-draws of the layer below (two rows of E), so nothing leaves the CPU cache.
+draws of the layer below (two rows of E), so nothing leaves the CPU cache. The two lists a row keeps (its
+own-draw ranks and its keys under the threshold) are made 16 elements at a time with AVX-512's compress
+where the CPU has it (traces/simd.py; the same lists, so the same bytes, either way).
 """
 
 import math
 
 import numpy as np
 from numba import njit, prange
+
+from moesim.traces.simd import below, flagged
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 TABLE = 65536
@@ -115,7 +119,7 @@ def _layer_range(key, t0, L, lo, hi, base, order, dom, newseq, z, rho, innov, dr
     lo16 = np.empty(E, np.uint32)
     hi16 = np.empty(E, np.uint32)
     mine = np.empty(E, np.uint8)
-    own = np.empty(E, np.int64)
+    own = np.empty(E, np.int32)
     q = np.empty(E, np.int32)
     kk = np.empty(E, np.int32)
     qe = np.empty(E, np.int32)
@@ -144,10 +148,7 @@ def _layer_range(key, t0, L, lo, hi, base, order, dom, newseq, z, rho, innov, dr
                     for j in range(E):  # the predecessor's draws (vectorizes); the own ones replace them below
                         nv[j] = nvp[j]
                         gv[j] = gvp[j]
-                    n = 0
-                    for j in range(E):  # the ranks with own draws (~1 - couple of them), branch-free
-                        own[n] = j
-                        n += mine[j]
+                    n = flagged(mine, E, own)  # the ranks with own draws (~1 - couple of them)
                 for k in range(n):  # table lookups only where needed
                     j = own[k] if chained else k
                     nv[j] = ntab[lo16[j]]
@@ -167,10 +168,7 @@ def _layer_range(key, t0, L, lo, hi, base, order, dom, newseq, z, rho, innov, dr
                     q[j] = qi
                     kk[j] = ((np.int32(QMAX) - qi) << ID_BITS) | ordl[j]
                 th = thr[l]
-                n_in = 0
-                for j in range(E):  # the keys under the layer's threshold, branch-free
-                    kk[n_in] = kk[j]
-                    n_in += kk[j] < th
+                n_in = below(kk, E, th)  # the keys under the layer's threshold
                 if n_in < m or n_in > width:
                     # the threshold missed this row: take the best `target` exactly, and restart the
                     # threshold from this row (rare once it has settled)
