@@ -316,14 +316,14 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
         made = batches(_chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
         threads: contextlib.AbstractContextManager = contextlib.nullcontext()
     else:
-        # two stages, each on its own cores: the generator thread runs the kernel (all cores but one), this
-        # thread sorts and unpacks the candidates, makes the columns and writes (one core; where the CPU time
-        # balances: docs/synthetic.md)
+        # two stages, each on its own cores: the generator thread runs the kernel (all cores but one) and sorts
+        # each row's candidate keys, this thread unpacks them, makes the columns and writes (one core; where
+        # the CPU time balances: docs/synthetic.md)
         gen_threads, threads = _thread_split()
         keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
                         buffers=AHEAD + 2)
         # the gate gaps come with the ids, and q only where a column needs it
-        made = batches(_unpacked(_sorted(_ahead(_numba_threads_in(keys, gen_threads), AHEAD)), M,
+        made = batches(_unpacked(_ahead(_sorted(_numba_threads_in(keys, gen_threads)), AHEAD), M,
                                  k - 1 if gaps else 0, with_q=not gaps or lookahead))
     level = RANKED_ZSTD_LEVEL if ranked else 9
     with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
