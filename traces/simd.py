@@ -90,49 +90,48 @@ def _below16(typingctx, keys, j, n, th):
 
 
 @njit(inline="always")
-def flagged_plain(flags, E, out):
-    """out[:n] = the indices j < E with flags[j] != 0, in order; returns n (out: int32 [>= E])."""
-    n = 0
-    for j in range(E):  # branch-free
-        out[n] = j
-        n += flags[j] != 0
-    return n
-
-
-@njit(inline="always")
-def below_plain(keys, E, th):
-    """Keep keys[:E] below th at the front of keys, in order; returns how many (int32 keys)."""
-    n = 0
-    for j in range(E):  # branch-free
-        keys[n] = keys[j]
-        n += keys[j] < th
-    return n
-
-
-@njit(inline="always")
-def flagged_avx512(flags, E, out):
-    n = 0
-    j = 0
-    while j + 16 <= E:
-        n = _flags16(flags, j, out, n)
-        j += 16
-    for i in range(j, E):
+def _flagged_from(flags, j, E, out, n):
+    """The plain loop from element j on, n kept so far."""
+    for i in range(j, E):  # branch-free
         out[n] = i
         n += flags[i] != 0
     return n
 
 
 @njit(inline="always")
-def below_avx512(keys, E, th):
-    n = 0
-    j = 0
-    while j + 16 <= E:
-        n = _below16(keys, j, n, th)
-        j += 16
-    for i in range(j, E):
+def _below_from(keys, j, E, th, n):
+    for i in range(j, E):  # branch-free
         keys[n] = keys[i]
         n += keys[i] < th
     return n
+
+
+@njit(inline="always")
+def flagged_plain(flags, E, out):
+    """out[:n] = the indices j < E with flags[j] != 0, in order; returns n (out: int32 [>= E])."""
+    return _flagged_from(flags, 0, E, out, 0)
+
+
+@njit(inline="always")
+def below_plain(keys, E, th):
+    """Keep keys[:E] below th at the front of keys, in order; returns how many (int32 keys)."""
+    return _below_from(keys, 0, E, th, 0)
+
+
+@njit(inline="always")
+def flagged_avx512(flags, E, out):
+    n = 0
+    for j in range(0, E - E % 16, 16):
+        n = _flags16(flags, j, out, n)
+    return _flagged_from(flags, E - E % 16, E, out, n)
+
+
+@njit(inline="always")
+def below_avx512(keys, E, th):
+    n = 0
+    for j in range(0, E - E % 16, 16):
+        n = _below16(keys, j, n, th)
+    return _below_from(keys, E - E % 16, E, th, n)
 
 
 # what the kernel calls: chosen once, for the CPU numba compiles for
