@@ -44,3 +44,13 @@ def test_kernel_uses_the_cpus_path():
     """The kernel calls the AVX-512 path exactly when numba compiles for a CPU with AVX-512F."""
     assert (simd.flagged is simd.flagged_avx512) == simd.AVX512
     assert (simd.below is simd.below_avx512) == simd.AVX512
+
+
+@pytest.mark.skipif(not simd.AVX512, reason="the AVX-512 path needs a CPU with AVX-512F")
+def test_vector_path_refuses_strided_arrays():
+    """The intrinsics read 16 elements from the data pointer: a strided view must not type."""
+    from numba.core.errors import TypingError
+
+    run = _runner(simd.flagged_avx512, simd.below_avx512)
+    with pytest.raises(TypingError):
+        run(np.ones(64, np.uint8)[::2], np.zeros(32, np.int32), np.int32(0))

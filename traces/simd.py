@@ -59,6 +59,11 @@ def _compress_store(builder, vals, mask, dst, n):
     return builder.add(n, kept)
 
 
+def _vector_of(a, dtype) -> bool:
+    """Can a be read 16 elements at a time from its data pointer (1-D, C-contiguous, of dtype)?"""
+    return isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == dtype
+
+
 @intrinsic
 def _flags16(typingctx, flags, j, out, n):
     """out[n:] = the indices j .. j + 15 whose flags (uint8) are set; returns n + their count."""
@@ -71,7 +76,9 @@ def _flags16(typingctx, flags, j, out, n):
         idx = builder.add(_splat(builder, builder.trunc(jj, _I32)), ir.Constant(_V32, list(range(16))))
         return _compress_store(builder, idx, mask, _at(context, builder, sig.args[2], o, nn, _V32), nn)
 
-    return types.int64(flags, j, out, n), codegen
+    if _vector_of(flags, types.uint8) and _vector_of(out, types.int32):  # else: no signature, a typing error
+        return types.int64(flags, j, out, n), codegen
+    return None
 
 
 @intrinsic
@@ -86,7 +93,9 @@ def _below16(typingctx, keys, j, n, th):
         mask = builder.icmp_signed("<", v, _splat(builder, t))
         return _compress_store(builder, v, mask, _at(context, builder, sig.args[0], k, nn, _V32), nn)
 
-    return types.int64(keys, j, n, th), codegen
+    if _vector_of(keys, types.int32):
+        return types.int64(keys, j, n, th), codegen
+    return None
 
 
 @njit(inline="always")
