@@ -13,7 +13,7 @@ import pytest
 from synth_reference import linked_bits, predecessors
 
 from moesim.jitcache import jitted
-from moesim.traces.synthetic import _quantile_tables, coupling_link16, coupling_order, layer_split
+from moesim.traces.synthetic import _quantile_tables, coupling_link16, coupling_order, layer_split, rank_layout
 
 QMAX, ID_BITS = 1 << 20, 10
 F = np.float32
@@ -65,8 +65,7 @@ def _reference(key, t0, base, dom, newseq, pred, link16, kn, m, grid):
 def _kernel(key, t0, base, weights, dom, newseq, link16, kn, m, grid, parts, block):
     D, L, E = base.shape
     c = len(dom)
-    order = coupling_order(base, weights) if link16 else np.tile(np.arange(E, dtype=np.int32), (L, 1))
-    base_r = np.ascontiguousarray(np.take_along_axis(base, np.broadcast_to(order, base.shape), axis=2))
+    order, base_r = rank_layout(base, weights, link16)
     width = min(E + 1, m + 24)
     z = np.zeros((L, E), np.float32)
     thr = np.full(L, np.iinfo(np.int32).max, np.int32)

@@ -377,8 +377,7 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
     width = min(E + 1, M + 24)
     thr = np.full(L, np.iinfo(np.int32).max, dtype=np.int32)
     link16 = coupling_link16(kn.couple)
-    order = coupling_order(base, weights) if link16 else np.tile(np.arange(E, dtype=np.int32), (L, 1))
-    base_r = np.ascontiguousarray(np.take_along_axis(base, np.broadcast_to(order, base.shape), axis=2))
+    order, base_r = rank_layout(base, weights, link16)
     bounds = layer_split(L, PARTS or _numba_threads_now())
     chunk = max(1, CHUNK_ROWS_2 // L)
     if link16:
@@ -444,6 +443,14 @@ def coupling_order(base: np.ndarray, weights: np.ndarray) -> np.ndarray:
     and takes its random draws with probability ``couple`` (layer coupling; docs/synthetic.md)."""
     pop = np.tensordot(weights / weights.sum(), base.astype(np.float64), axes=1)  # [L, E]
     return np.argsort(-pop, axis=1, kind="stable").astype(np.int32)
+
+
+def rank_layout(base: np.ndarray, weights: np.ndarray, link16: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's expert order per layer (order [L, E], rank -> expert: coupling_order with coupling, the
+    identity without) and base [D, L, E] permuted into it (C-contiguous)."""
+    _, L, E = base.shape
+    order = coupling_order(base, weights) if link16 else np.tile(np.arange(E, dtype=np.int32), (L, 1))
+    return order, np.ascontiguousarray(np.take_along_axis(base, np.broadcast_to(order, base.shape), axis=2))
 
 
 def layer_split(L: int, parts: int) -> np.ndarray:
