@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from replay_helpers import make_routing, oracle_trace  # noqa: E402
 
 from moesim.policies import registry  # noqa: E402
-from moesim.simulator import SimConfig, kernel, simulate  # noqa: E402
+from moesim.simulator import SimConfig, kernels, simulate  # noqa: E402
 from moesim.simulator.args import build  # noqa: E402
+from moesim.simulator.counters import MISSES  # noqa: E402
 
 
 def zipf_topk_routing(steps, E, k, zipf, seed):
@@ -96,9 +97,10 @@ def main():
 
         def run_moesim(config=config):
             prep = build(routing, config)  # fresh state; the routing's derived arrays are shared
+            replay = kernels.kernel(prep.variant)
             t0 = clock()
-            kernel.replay(*prep.args)
-            return clock() - t0, int(prep.args.out.layer_counts[:, kernel.MISSES].sum())
+            replay(*prep.args)
+            return clock() - t0, int(prep.args.out.layer_counts[:, MISSES].sum())
 
         def run_lcs(policy=policy):
             reader = lcs.TraceReader(str(tmp), lcs.TraceType.ORACLE_GENERAL_TRACE)
@@ -122,8 +124,8 @@ def main():
               f"{m_misses} vs {l_misses} ({'yes' if m_misses == l_misses else 'NO'})", flush=True)
     if args.json:
         return
-    code = ("import time; t0 = time.perf_counter(); from moesim.simulator import driver; "
-            "driver.ensure_compiled(); print(time.perf_counter() - t0)")
+    code = ("import time; t0 = time.perf_counter(); from moesim.simulator import kernels; "
+            "kernels.ensure([kernels.variant('lru', False, True)]); print(time.perf_counter() - t0)")
     secs = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     print(f"a fresh process: import + ready kernel in {secs:.2f} s (numba cache hit)")
 

@@ -30,7 +30,6 @@ from moesim.policies.structures import CAP, HEAD, LEN, LST, RES, SIZE, TAIL, X0,
 
 NAME = "arc"
 LIBCACHESIM = "ARC"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
-INLINE = False  # called, not inlined into the kernel's loop (policies/registry.py says why)
 DOC = ("adaptive replacement (libCacheSim ARC): LRU lists of experts used once (T1) and again (T2); "
        "hits on ghosts of evicted ones steer T1's target size")
 T1, T2, B1, B2 = 0, 1, 2, 3

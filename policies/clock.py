@@ -16,7 +16,6 @@ from moesim.policies.structures import CAP, CNT, RES, SIZE, TAIL, list_push_fron
 
 NAME = "clock"
 LIBCACHESIM = "Clock"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
-INLINE = False  # called, not inlined into the kernel's loop (policies/registry.py says why)
 DOC = ("second chance (libCacheSim Clock): a use sets the expert's reference bit; eviction requeues and "
        "clears referenced experts from the oldest on and takes the first unreferenced")
 # prm slots, libCacheSim's defaults

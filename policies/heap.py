@@ -14,7 +14,6 @@ from moesim.policies.structures import (
     CNT,
     HBASE,
     HK1,
-    HK2,
     HOBJ,
     HPOS,
     HSIZE,
@@ -22,8 +21,8 @@ from moesim.policies.structures import (
     RES,
     SCORE,
     SIZE,
-    heap_fix,
     heap_rekey,
+    heap_sift,
 )
 
 
@@ -50,10 +49,7 @@ def hooks(priority):
         else:
             j = base + po[pool, HSIZE]
             po[pool, HSIZE] += 1
-        heap[j, HK1] = priority(1, fo[o, SCORE], fo[o, NREQ])
-        heap[j, HK2] = tick
-        heap[j, HOBJ] = o
-        heap_fix(ob, po, heap, pool, j - base)
+        heap_sift(ob, heap, base, base + po[pool, HSIZE], j, priority(1, fo[o, SCORE], fo[o, NREQ]), tick, o)
         if full:
             ob[v, RES] = 0
             ob[v, CNT] = 0

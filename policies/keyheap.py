@@ -24,15 +24,6 @@ PINNED_MIN = np.int64(1) << np.int64(60)  # keys at or above are pinned; a polic
 
 
 @njit(inline="always")
-def _move(h, ob, src, dst, base):
-    h[dst, KEY] = h[src, KEY]
-    h[dst, TICK] = h[src, TICK]
-    x = h[src, OBJ]
-    h[dst, OBJ] = x
-    ob[x, HPOS] = dst - base
-
-
-@njit(inline="always")
 def _place(h, ob, base, j, key, tick, o):
     h[j, KEY] = key
     h[j, TICK] = tick
@@ -42,11 +33,16 @@ def _place(h, ob, base, j, key, tick, o):
 
 @njit(inline="always")
 def _up(h, ob, base, j, key):
-    """Move the hole at row j up until key fits; returns the row where it goes."""
+    """Move the hole at row j up until key fits; returns the row where it goes. (Moves written out, not
+    inlined helpers: numba copies an inlined function's IR at every call site, which is compile time.)"""
     while j > base:
         p = base + (j - base - 1) // 4
         if key < h[p, KEY]:
-            _move(h, ob, p, j, base)
+            h[j, KEY] = h[p, KEY]
+            h[j, TICK] = h[p, TICK]
+            x = h[p, OBJ]
+            h[j, OBJ] = x
+            ob[x, HPOS] = j - base
             j = p
         else:
             break
@@ -80,7 +76,11 @@ def _down(h, ob, base, end, j, key):
         else:
             break
         if kc < key:
-            _move(h, ob, c, j, base)
+            h[j, KEY] = kc
+            h[j, TICK] = h[c, TICK]
+            x = h[c, OBJ]
+            h[j, OBJ] = x
+            ob[x, HPOS] = j - base
             j = c
         else:
             break
@@ -154,7 +154,7 @@ def pin(ob, po, heap, pool, o, spin):
     h = heap.view(np.int64)
     j = po[pool, HBASE] + ob[o, HPOS]
     spin.view(np.int64)[o, 1] = h[j, KEY]
-    set_key(ob, po, heap, pool, o, PINNED + h[j, TICK], h[j, TICK])
+    _set_key_called(ob, po, heap, pool, o, PINNED + h[j, TICK], h[j, TICK])
 
 
 @njit(inline="always")
@@ -163,7 +163,7 @@ def unpin(ob, po, heap, pool, o, spin):
     h = heap.view(np.int64)
     j = po[pool, HBASE] + ob[o, HPOS]
     if h[j, KEY] >= PINNED_MIN:
-        set_key(ob, po, heap, pool, o, spin.view(np.int64)[o, 1], h[j, TICK])
+        _set_key_called(ob, po, heap, pool, o, spin.view(np.int64)[o, 1], h[j, TICK])
 
 
 @njit(inline="always")

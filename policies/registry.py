@@ -3,18 +3,22 @@ state needs, documentation line and default-grid membership, and of the kernel's
 
 Adding an eviction policy = writing its module in this folder, its reference implementation in
 tests/reference_policies.py and its row in docs/replay-semantics.md (generated: python -m
-moesim.policies.doc). A module is an eviction policy when it defines ``NAME`` and either
+moesim.policies.doc); docs/extending.md is the recipe. A module is an eviction policy when it defines
+``NAME`` and either
 
-- hooks the replay kernel calls (``@njit(inline="always")``, state arrays in policies/structures.py):
-  ``hit(ob, fo, po, heap, prm, pool, o, tick, requested)`` when resident ``o`` is used (a request hit
-  when ``requested``, else a run as a substitute) and ``insert(ob, fo, po, heap, prm, pool, o, tick)``
-  making ``o`` resident (returns the victim, -1 when nothing left the pool, NOT_ADMITTED when the policy
-  refuses ``o``); a heap policy writes ``priority(count, score, next_req)`` and takes
-  ``hit, insert, rekey = heap.hooks(priority)`` (policies/heap.py); a policy whose order is one int64
-  key unique among a pool's residents writes ``key(next_req, tick)`` and takes ``hit, insert =
+- the hooks the replay kernels call (policies/hooks.py: ``@njit(inline="always")``, state arrays in
+  policies/structures.py): ``hit(ob, fo, po, heap, prm, pool, o, tick, requested)`` when resident ``o``
+  is used (a request hit when ``requested``, else a run as a substitute) and ``insert(ob, fo, po, heap,
+  prm, pool, o, tick)`` making ``o`` resident (returns the victim, -1 when nothing left the pool,
+  NOT_ADMITTED when the policy refuses ``o``); a heap policy writes ``priority(count, score, next_req)``
+  and takes ``hit, insert, rekey = heap.hooks(priority)`` (policies/heap.py); a policy whose order is one
+  int64 key unique among a pool's residents writes ``key(next_req, tick)`` and takes ``hit, insert =
   keyheap.hooks(key)`` (policies/keyheap.py: single-compare sifts);
 - or ``pinned(counts, slots, allocation)``: a fixed set resident from the start, never evicted, and
   nothing admitted (static placements).
+
+The kernels are compiled per policy (simulator/kernels.py): a policy's hooks are inlined into the
+kernels that replay it and nowhere else, so adding one costs the others nothing.
 
 Optional module attributes: ``DOC`` (one line for tables and help), ``PARAM`` (a ``Param``: the
 policy takes ``name:value``, passed to the kernel in slot 0 of its parameter vector), ``PARAMS``
@@ -22,8 +26,7 @@ policy takes ``name:value``, passed to the kernel in slot 0 of its parameter vec
 keeps a decayed router-request score per expert; half-life = slot 0), ``USES_NEXT_REQUEST`` (the
 kernel keeps each expert's next request), ``IN_DEFAULT_GRID`` (the sweep's default eviction axis),
 ``LIBCACHESIM`` (the libCacheSim 0.3.5 class with the same semantics under fetch-all: the tests then
-check the kernel against it, per layer and with a global pool, on random and real routing), ``INLINE``
-(default True; False: the kernel calls the hooks instead of inlining them, for larger hooks).
+check the kernel against it, per layer and with a global pool, on random and real routing).
 
 Codes are positions in name order; they exist only inside one process's kernel calls (results are
 keyed by names).
@@ -31,22 +34,22 @@ keyed by names).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
-from numba import njit
 
 from moesim.errors import MoesimError
-from moesim.policies import lists as lists_hooks
+from moesim.policies import hooks as hooks_mod
+from moesim.policies import lists
 from moesim.policies.params import Param
 
-NOT_ADMITTED = -2  # an insert hook's answer when the policy does not admit the object
 N_PRM = 4  # width of the kernel's per-policy parameter vector
-# columns of FLAGS: what the kernel must do for a policy code
-ADMITS, USES_SCORE, USES_NEXT_REQUEST = range(3)
+# --step-pin's modes (simulator/step_pin.py MODE_*): how a policy keeps the step's experts
+PIN_NONE, PIN_LIST, PIN_HEAP, PIN_FIXED, PIN_KEYHEAP = range(5)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,38 @@ class Eviction:
     @property
     def pinned(self) -> bool:
         return self.kind == "pinned"
+
+    @property
+    def pin_mode(self) -> int:
+        """How --step-pin keeps the step's experts from its misses' victims (simulator/step_pin.py)."""
+        if self.pinned:
+            return PIN_FIXED
+        if self.kind == "heap":
+            return PIN_HEAP
+        if self.kind == "keyheap":
+            return PIN_KEYHEAP
+        return PIN_LIST if getattr(self.module, "insert", None) is lists.insert_front else PIN_NONE
+
+    @property
+    def hook_set(self) -> str:
+        """The name the kernels compiled for this policy's hooks go by (pinned placements share one)."""
+        return "pinned" if self.pinned else self.name
+
+    def hooks(self) -> hooks_mod.Hooks:
+        """The policy's inlinable hooks (no-ops for a pinned placement)."""
+        if self.pinned:
+            return hooks_mod.Hooks(hooks_mod.no_hit, hooks_mod.no_insert, hooks_mod.no_rekey)
+        return hooks_mod.Hooks(self.module.hit, self.module.insert, getattr(self.module, "rekey", hooks_mod.no_rekey))
+
+    @property
+    def hook_modules(self) -> tuple[str, ...]:
+        """The modules the hooks' compiled code comes from (for numba's cache per component)."""
+        return ("moesim.policies.hooks",) if self.pinned else (self.module.__name__,)
+
+    def compiled_hooks(self) -> hooks_mod.Hooks:
+        """The hooks compiled as functions of their own, for kernels that call them through function pointers
+        (compiled or loaded once per process)."""
+        return _compiled(self.hook_set)
 
     @property
     def spec(self) -> str:
@@ -106,29 +141,12 @@ def _discover() -> tuple[Eviction, ...]:
 
 EVICTIONS: tuple[Eviction, ...] = _discover()
 BY_NAME: dict[str, Eviction] = {e.name: e for e in EVICTIONS}
-FLAGS = np.array([[not e.pinned, e.uses_score, e.uses_next_request] for e in EVICTIONS], np.bool_)
 
 
-def _list_code(hit) -> int:
-    """The code of the policy kept in one list by lists.insert_front and the given hit hook (-1: none)."""
-    return next((e.code for e in EVICTIONS if e.kind == "hooks" and getattr(e.module, "INLINE", True)
-                 and e.module.hit is hit and e.module.insert is lists_hooks.insert_front
-                 and not (e.uses_score or e.uses_next_request)), -1)
-
-
-def _keyed() -> tuple[int, ModuleType]:
-    """The code and module of the one inlined keyed-heap policy (-1 and the list module when there is not
-    exactly one: its loop then never runs)."""
-    keyed = [e for e in EVICTIONS if e.kind == "keyheap" and getattr(e.module, "INLINE", True)]
-    return (keyed[0].code, keyed[0].module) if len(keyed) == 1 else (-1, lists_hooks)
-
-
-# LRU, FIFO and the keyed heap (Belady): the plain kernel variant runs their requests in loops of their own
-# calling these hooks directly (simulator/kernel.py _own_requests)
-LIST_MOVE, LIST_STAY = _list_code(lists_hooks.move_to_front), _list_code(lists_hooks.stay)
-KEYED, _keyed_module = _keyed()
-KEYED_HIT = _keyed_module.move_to_front if _keyed_module is lists_hooks else _keyed_module.hit
-KEYED_INSERT = _keyed_module.insert_front if _keyed_module is lists_hooks else _keyed_module.insert
+@functools.cache
+def _compiled(hook_set: str) -> hooks_mod.Hooks:
+    ev = next(e for e in EVICTIONS if e.hook_set == hook_set)
+    return hooks_mod.compiled(hook_set.replace("-", "_"), ev.hooks(), ev.hook_modules)
 
 
 def names() -> list[str]:
@@ -166,70 +184,3 @@ def help_text() -> str:
     """The -e/--eviction help line of every command."""
     return ("Eviction policy: " + ", ".join(e.spec for e in EVICTIONS)
             + " (moesim policies describes each; docs/replay-semantics.md states the rules).")
-
-
-# ------------------------------------------------------------------------------------- kernel dispatch
-
-
-@njit(inline="always")
-def _no_hit(ob, fo, po, heap, prm, pool, o, tick, requested):
-    pass
-
-
-@njit(inline="always")
-def _no_insert(ob, fo, po, heap, prm, pool, o, tick):
-    return NOT_ADMITTED
-
-
-@njit(inline="always")
-def _no_rekey(ob, fo, po, heap, prm, pool, o):
-    pass
-
-
-# Each hook is dispatched by one flat if-chain of inlined calls on a plain int code, the only dispatch
-# on policy codes (a plain int code compiles best and caches across processes:
-# shared/notes/numba-kernels.md). The chain is written as source and exec'd because numba cannot
-# inline a closure called with *args, and a chain of nested inlined closures (one per policy) compiles
-# superlinearly in its depth: with 11 policies the kernel's cold compile took 103 s of CPU nested,
-# 38 s flat (37 s nested with 7).
-
-
-def _out_of_line(kind: str, fn, args: str, ret: bool):
-    """``fn`` (an inlinable hook) compiled as a function of its own, which the kernel calls."""
-    ns = {"f": fn}
-    exec(f"def {kind}({args}):\n    {'return ' if ret else ''}f({args})", ns)
-    return njit(_nrt=False)(ns[kind])  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
-
-
-# A module with INLINE = False has its hooks called rather than inlined into the kernel's loop. Inlined,
-# the larger hooks (ARC, Clock, S3-FIFO, Sieve) slowed every policy's replay, their own included: out of
-# line, LRU, FIFO, Belady, ARC, S3-FIFO and Sieve replayed 3-14% faster in one process (A/B, same stream;
-# README "## Speed"). LFU's heap hooks called instead ran 0.59x: the heap policies stay inlined.
-def _hooks(name: str, default, args: str, ret: bool):
-    fns = []
-    for e in EVICTIONS:
-        fn = getattr(e.module, name, default) if not e.pinned else default
-        if fn is not default and not getattr(e.module, "INLINE", True):
-            fn = _out_of_line(name, fn, args, ret)
-        fns.append(fn)
-    return fns
-
-
-def _flat(kind: str, fns: list, args: str, ret: bool):
-    """An inlined function ``kind(c, *args)`` calling ``fns[c](*args)``."""
-    ns = {f"f{i}": f for i, f in enumerate(fns)} | {"njit": njit}
-    kw = "return " if ret else ""
-    lines = [f"def {kind}(c, {args}):"]
-    for i in range(len(fns) - 1):
-        lines.append(f"    {'if' if i == 0 else 'elif'} c == {i}:\n        {kw}f{i}({args})")
-    lines.append(f"    {'else:' if len(fns) > 1 else 'if True:'}\n        {kw}f{len(fns) - 1}({args})")
-    exec("\n".join(lines), ns)
-    return njit(inline="always")(ns[kind])
-
-
-_HIT_ARGS = "ob, fo, po, heap, prm, pool, o, tick, requested"
-_INSERT_ARGS = "ob, fo, po, heap, prm, pool, o, tick"
-_REKEY_ARGS = "ob, fo, po, heap, prm, pool, o"
-hit = _flat("hit", _hooks("hit", _no_hit, _HIT_ARGS, False), _HIT_ARGS, False)
-insert = _flat("insert", _hooks("insert", _no_insert, _INSERT_ARGS, True), _INSERT_ARGS, True)
-rekey = _flat("rekey", _hooks("rekey", _no_rekey, _REKEY_ARGS, False), _REKEY_ARGS, False)

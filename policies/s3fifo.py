@@ -28,11 +28,11 @@ fetched (substituted, dropped, on the CPU) leaves the ghost in place."""
 
 from numba import njit
 
+from moesim.policies.hooks import NOT_ADMITTED
 from moesim.policies.structures import CAP, CNT, LEN, LST, RES, SIZE, TAIL, X0, list_push_front, list_unlink
 
 NAME = "s3fifo"
 LIBCACHESIM = "S3FIFO"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
-INLINE = False  # called, not inlined into the kernel's loop (policies/registry.py says why)
 DOC = ("S3-FIFO (libCacheSim S3FIFO): a small probation FIFO, a main 2-bit clock and a ghost FIFO; "
        "admits nothing below 20 slots")
 # prm slots, libCacheSim's defaults
@@ -40,7 +40,6 @@ PARAMS = (("small_size_ratio", 0.1), ("ghost_size_ratio", 0.9), ("move_to_main_t
 SMALL_RATIO, GHOST_RATIO, THRESHOLD = 0, 1, 2
 S, M, G = 0, 1, 2
 HAS_EVICTED = X0
-NOT_ADMITTED = -2  # registry.NOT_ADMITTED (not imported: the registry imports this module)
 
 
 @njit(inline="always")

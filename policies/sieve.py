@@ -17,7 +17,6 @@ from moesim.policies.structures import CAP, CNT, PRV, RES, SIZE, TAIL, X0, list_
 
 NAME = "sieve"
 LIBCACHESIM = "Sieve"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
-INLINE = False  # called, not inlined into the kernel's loop (policies/registry.py says why)
 DOC = ("SIEVE (libCacheSim Sieve): a use marks the expert; a hand moving from oldest to newest clears "
        "marks and evicts the first unmarked expert")
 HAND = X0  # pool scalar: the hand's object id + 1, 0 = at the tail

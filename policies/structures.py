@@ -120,57 +120,51 @@ def list_clear(po, pool, q):
     po[pool, LEN + 3 * q] = 0
 
 
-@njit(inline="always")
-def _before(a1, a2, b1, b2):
-    """Is key (a1, a2) ordered before key (b1, b2)?"""
-    return a1 < b1 or (a1 == b1 and a2 < b2)
-
-
-@njit(inline="always")
-def _move(heap, ob, src, dst, base):
-    heap[dst, HK1] = heap[src, HK1]
-    heap[dst, HK2] = heap[src, HK2]
-    heap[dst, HOBJ] = heap[src, HOBJ]
-    ob[np.int64(heap[dst, HOBJ]), HPOS] = dst - base
-
-
 ARITY = 4  # a 4-ary heap: half the levels of a binary one, and the common sift-up reads one parent a level
 
 
 @njit(inline="always")
-def heap_up(ob, heap, base, j, k1, k2, o):
-    """Move the hole at row j up until keys (k1, k2) fit; returns the row where they go."""
+def heap_sift(ob, heap, base, end, j, k1, k2, o):
+    """Put keys (k1, k2) and object o into the hole at row j of the heap rows [base, end): the hole
+    moves up while the keys come before its parent's, else down while a child's come before them.
+    Written as one function (no nested inlined helpers): numba copies an inlined function's IR at each
+    call site, and the nested version made a heap policy's hooks ~2 s of every kernel's compile."""
+    up = False
     while j > base:
         p = base + (j - base - 1) // ARITY
-        if _before(k1, k2, heap[p, HK1], heap[p, HK2]):
-            _move(heap, ob, p, j, base)
+        pk1 = heap[p, HK1]
+        if k1 < pk1 or (k1 == pk1 and k2 < heap[p, HK2]):
+            heap[j, HK1] = pk1
+            heap[j, HK2] = heap[p, HK2]
+            x = heap[p, HOBJ]
+            heap[j, HOBJ] = x
+            ob[np.int64(x), HPOS] = j - base
             j = p
+            up = True
         else:
             break
-    return j
-
-
-@njit(inline="always")
-def heap_down(ob, heap, base, end, j, k1, k2):
-    """Move the hole at row j down until keys (k1, k2) fit; returns the row where they go."""
-    while True:
+    while not up:
         first = base + ARITY * (j - base) + 1
         if first >= end:
             break
         c = first
+        ck1 = heap[c, HK1]
+        ck2 = heap[c, HK2]
         for x in range(first + 1, min(first + ARITY, end)):
-            if _before(heap[x, HK1], heap[x, HK2], heap[c, HK1], heap[c, HK2]):
+            xk1 = heap[x, HK1]
+            if xk1 < ck1 or (xk1 == ck1 and heap[x, HK2] < ck2):
                 c = x
-        if _before(heap[c, HK1], heap[c, HK2], k1, k2):
-            _move(heap, ob, c, j, base)
+                ck1 = xk1
+                ck2 = heap[x, HK2]
+        if ck1 < k1 or (ck1 == k1 and ck2 < k2):
+            heap[j, HK1] = ck1
+            heap[j, HK2] = ck2
+            y = heap[c, HOBJ]
+            heap[j, HOBJ] = y
+            ob[np.int64(y), HPOS] = j - base
             j = c
         else:
             break
-    return j
-
-
-@njit(inline="always")
-def heap_place(ob, heap, j, base, k1, k2, o):
     heap[j, HK1] = k1
     heap[j, HK2] = k2
     heap[j, HOBJ] = o
@@ -178,29 +172,14 @@ def heap_place(ob, heap, j, base, k1, k2, o):
 
 
 @njit(inline="always")
-def heap_fix(ob, po, heap, pool, i):
-    """Restore heap order around row base + i after its keys changed or it was placed
-    there: the row is lifted out and its hole moves up or down until it fits."""
-    base = po[pool, HBASE]
-    end = base + po[pool, HSIZE]
-    j = base + i
-    k1 = heap[j, HK1]
-    k2 = heap[j, HK2]
-    o = heap[j, HOBJ]
-    up = heap_up(ob, heap, base, j, k1, k2, o)
-    if up == j:
-        up = heap_down(ob, heap, base, end, j, k1, k2)
-    heap_place(ob, heap, up, base, k1, k2, o)
-
-
-@njit(inline="always")
 def heap_rekey(ob, po, heap, pool, i, k1, k2):
-    """Give row base + i the keys (k1, k2) and restore heap order, moving only the way the keys moved."""
+    """Give row base + i the keys (k1, k2) and restore heap order (keys are unique: (priority, tick))."""
     base = po[pool, HBASE]
-    j = base + i
-    o = heap[j, HOBJ]
-    if _before(k1, k2, heap[j, HK1], heap[j, HK2]):
-        j = heap_up(ob, heap, base, j, k1, k2, o)
-    else:
-        j = heap_down(ob, heap, base, base + po[pool, HSIZE], j, k1, k2)
-    heap_place(ob, heap, j, base, k1, k2, o)
+    heap_sift(ob, heap, base, base + po[pool, HSIZE], base + i, k1, k2, heap[base + i, HOBJ])
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def heap_rekey_called(ob, po, heap, pool, i, k1, k2):
+    """heap_rekey called, not inlined, where it is rare (--step-pin's priority changes): one compiled sift
+    instead of one per call site."""
+    heap_rekey(ob, po, heap, pool, i, k1, k2)

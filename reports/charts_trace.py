@@ -8,7 +8,7 @@ import numpy as np
 
 from moesim.reports.charts import PLOT_WIDTH, Figure, check_rows, title
 from moesim.reports.profile import GATE_THRESHOLD
-from moesim.simulator.kernel import COUNTER_NAMES
+from moesim.simulator.counters import COUNTER_NAMES
 
 SERIES_POINTS = 400
 MAX_RULES = 60

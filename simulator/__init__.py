@@ -1,13 +1,9 @@
-"""The replay engine: one numba kernel (kernel.py) fed by one argument builder (args.py) behind a
-validating driver (driver.py)."""
+"""The replay engine: numba kernels compiled per eviction policy and feature family (kernels.py, from the
+templates kernel_plain.py and kernel_ext.py) fed by one argument builder (args.py) behind a validating
+driver (driver.py)."""
 
-from moesim.jitcache import jitted
-
-for _name in ("batch", "kernel", "stack_distance"):  # cached jitted functions: decorated under the hashed dir
-    jitted(f"moesim.simulator.{_name}")
-
-from moesim.simulator.config import SimConfig  # noqa: E402
-from moesim.simulator.driver import simulate  # noqa: E402
-from moesim.simulator.result import SimResult  # noqa: E402
+from moesim.simulator.config import SimConfig
+from moesim.simulator.driver import simulate
+from moesim.simulator.result import SimResult
 
 __all__ = ["SimConfig", "SimResult", "simulate"]

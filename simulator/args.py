@@ -1,5 +1,5 @@
-"""The replay kernel's arguments: five named groups, built by one function for the replay and
-for the warm-up compile alike."""
+"""The replay kernels' arguments: five named groups, built by one function for the replay and for the
+compile with the real argument types alike (``tiny_args``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from moesim.policies.static import most_requested
 from moesim.policies.structures import N_FO, N_OB, new_pools
 from moesim.simulator.batch import batch_routing
 from moesim.simulator.config import SimConfig
-from moesim.simulator.kernel import (
+from moesim.simulator.counters import (
     N_CLOCK,
     N_COSTS,
     N_COUNTERS,
@@ -34,7 +34,8 @@ from moesim.simulator.kernel import (
     S_LOWBIT_VRAM,
     S_WRITEBACK,
 )
-from moesim.simulator.prefetch import N_PF_SCAL
+from moesim.simulator.kernels import Variant, variant
+from moesim.simulator.prefetch_state import N_PF_SCAL
 from moesim.traces.routing import Routing
 
 
@@ -66,9 +67,10 @@ class Policy(NamedTuple):
     pf_depth: int          # prefetch for the layer this many ahead (same token)
     step_pin: bool         # --step-pin: hits first, the step's experts not evicted by its misses, fetches together
     max_uploads: int       # at most this many fetched experts admitted per layer per step (0: no cap)
-    ext: tuple             # () for a fetch-all replay with none of overlap, prefetch, step_pin, max_uploads or a
-    #                        low-bit tier on, else (1,): its length is a type, so the kernel compiles the plain
-    #                        replay without them (simulator/kernel.py)
+    uses_next: bool        # the eviction reads each expert's next request (policies/registry.py)
+    uses_score: bool       # ... its decayed request score
+    admits: bool           # False for a pinned placement: nothing is ever admitted
+    pin_mode: int          # how --step-pin keeps the step's experts (simulator/step_pin.py MODE_*)
 
 
 class Setup(NamedTuple):
@@ -76,7 +78,7 @@ class Setup(NamedTuple):
     pinned: np.ndarray         # [L * E] bool: resident from the start, never evicted
     warm_objs: np.ndarray      # int64: inserted at each reset, least popular first
     ram_warm: np.ndarray       # int64: the host-RAM tier's initial content, least recently used first
-    cost: np.ndarray           # [N_COSTS] float64: seconds per operation (kernel.COST_NAMES); zeros: no clock
+    cost: np.ndarray           # [N_COSTS] float64: seconds per operation (counters.COST_NAMES); zeros: no clock
     pf_succ: np.ndarray        # [L, E, S] int16: next-layer prefetch successors (policies/prefetch.py), or empty
     pf_cnt: np.ndarray         # [L, E, S] int64: their counts
     lowbit_res: np.ndarray     # [L * E] bool: a low-bit copy is resident in VRAM (--lowbit-share)
@@ -90,15 +92,18 @@ class State(NamedTuple):
     queue: np.ndarray       # int64 [L, E]: per-layer FIFO of background copies (objects) ...
     queue_t: np.ndarray     # float64 [L, E]: ... and their completion times
     queue_hl: np.ndarray    # int64 [L, 2]: queue head and length
-    clock: np.ndarray       # float64 [kernel.N_CLOCK]: the clock carried between kernel calls
-    scal: np.ndarray        # int64 [kernel.N_SCAL]: the other scalars carried between kernel calls
-    pf: np.ndarray          # int32 [L * E] (or empty without prefetch): simulator/prefetch.py PF_* states
+    clock: np.ndarray       # float64 [counters.N_CLOCK]: the clock carried between kernel calls
+    scal: np.ndarray        # int64 [counters.N_SCAL]: the other scalars carried between kernel calls
+    pf: np.ndarray          # int32 [L * E] (or empty without prefetch): simulator/prefetch_state.py PF_* states
     pf_t: np.ndarray        # float64 [L * E]: completion time of an expert's prefetch in flight
     pf_prev: np.ndarray     # int16 [L, k]: prev-token prefetch: the last selection of each layer
-    pf_scal: np.ndarray     # int64 [prefetch.N_PF_SCAL]: its token's sequence, and whether it is set
+    pf_scal: np.ndarray     # int64 [prefetch_state.N_PF_SCAL]: its token's sequence, and whether it is set
     pf_score: np.ndarray    # float64 [E]: next-layer prefetch scratch (zero between steps)
     pf_pick: np.ndarray     # int64 [E]: the predicted experts of a step (scratch)
     spin: np.ndarray        # float64 [L * E, 2]: --step-pin's step each expert is pinned at, its saved priority
+    row: np.ndarray         # int16 [k]: the ext kernel's step row (the step's selection, as a step policy leaves
+    row_w: np.ndarray       # float32 [k]  it), its weights the miss policy reads
+    row_wm: np.ndarray      # float32 [k]  and the gate mass a substitution or drop loses
 
 
 class Out(NamedTuple):
@@ -106,7 +111,7 @@ class Out(NamedTuple):
     layer_mass: np.ndarray    # float64 [L]
     tok_counts: np.ndarray    # int64 [N_COUNTERS, T] (counter-major), every step (of the chunk, when streamed);
     #                           zeros: the kernel adds into it
-    tok_mass: np.ndarray      # float64 [T], zeros (a plain replay, Policy.ext empty, leaves them)
+    tok_mass: np.ndarray      # float64 [T], zeros (the plain kernels, which lose no mass, leave them)
     tok_seconds: np.ndarray   # float64 [T], zeros: simulated seconds per step (an untimed replay leaves them)
     tok_stall: np.ndarray     # float64 [T], zeros: seconds a step waited for the link (untimed: left)
     outcome: np.ndarray       # int8 [T, L, k] (policies/miss.py OUTCOME_*), or empty: no decision record
@@ -126,6 +131,7 @@ class Prepared:
     """A replay ready to run: the kernel's arguments and what the result needs to interpret them."""
 
     args: KernelArgs
+    variant: Variant           # the kernel that replays it (simulator/kernels.py)
     run: Routing               # the routing replayed (the batch union when batch > 1)
     members: np.ndarray | None  # [steps, batch] token indices of a batched replay
     warmup_steps: int
@@ -165,9 +171,11 @@ def ram_tier(cost: Any, counts: np.ndarray) -> tuple[int, np.ndarray]:
     return cap, top[::-1].astype(np.int64).copy()
 
 
-def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = False) -> Prepared:
+def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = False, generic: bool = False
+          ) -> Prepared:
     """Everything the kernel needs to replay ``routing`` under ``config`` (priced by ``cost``, a
-    CostParams, or unclocked); ``record`` allocates the per-request decision record."""
+    CostParams, or unclocked); ``record`` allocates the per-request decision record; ``generic`` runs it on
+    the one kernel of every config (simulator/kernels.py)."""
     L = routing.n_layers
     run, wm, members = routing, None, None
     if config.batch > 1:
@@ -186,13 +194,17 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     policy, setup, state, slots, ram_cap = policy_state(routing, config, cost, warmup)
     if state.pf_prev.shape[0]:  # a batch's union may be wider than k
         state = state._replace(pf_prev=np.full((L, k), -1, np.int16))
+    if k != routing.top_k:
+        state = state._replace(row=np.zeros(k, np.int16), row_w=np.zeros(k, np.float32),
+                               row_wm=np.zeros(k, np.float32))
     shape = (T, L, k) if record else (0, 0, 0)
     out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
               tok_counts=np.zeros((N_COUNTERS, T), np.int64), tok_mass=np.zeros(T, np.float64),
               tok_seconds=np.zeros(T, np.float64), tok_stall=np.zeros(T, np.float64),
               outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16))
-    return Prepared(args=KernelArgs(steps, policy, setup, state, out), run=run, members=members,
-                    warmup_steps=warmup, slots=slots, ram_cap=ram_cap)
+    return Prepared(args=KernelArgs(steps, policy, setup, state, out),
+                    variant=variant_of(config, cost, record, generic), run=run, members=members, warmup_steps=warmup,
+                    slots=slots, ram_cap=ram_cap)
 
 
 def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tuple[Policy, Setup, State, int, int]:
@@ -240,7 +252,8 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
                     reset_per_seq=bool(config.reset_per_sequence), overlap=overlap,
                     prefetch=pf_code, pf_depth=int(config.prefetch_depth), step_pin=bool(config.step_pin),
-                    max_uploads=int(config.max_uploads or 0), ext=(1,) if needs_ext(config, cost) else ())
+                    max_uploads=int(config.max_uploads or 0), uses_next=ev.uses_next_request,
+                    uses_score=ev.uses_score, admits=not ev.pinned, pin_mode=ev.pin_mode)
     succ, cnt = np.zeros((0, 0, 0), np.int16), np.zeros((0, 0, 0), np.int64)
     if pf_code == prefetch_mod.NEXT_LAYER:
         succ, cnt = next_layer_table(source, config)
@@ -256,13 +269,20 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                   scal=np.zeros(N_SCAL, np.int64), pf=np.zeros(n_pf, np.int32), pf_t=np.zeros(n_pf, np.float64),
                   pf_prev=np.full((L, source.top_k) if n_pf else (0, 0), -1, np.int16),
                   pf_scal=np.zeros(N_PF_SCAL, np.int64), pf_score=np.zeros(E if n_pf else 0, np.float64),
-                  pf_pick=np.zeros(E if n_pf else 0, np.int64), spin=np.full((n_obj, 2), -1.0, np.float64))
+                  pf_pick=np.zeros(E if n_pf else 0, np.int64), spin=np.full((n_obj, 2), -1.0, np.float64),
+                  row=np.zeros(source.top_k, np.int16), row_w=np.zeros(source.top_k, np.float32),
+                  row_wm=np.zeros(source.top_k, np.float32))
     return policy, setup, state, slots, ram_cap
 
 
+def variant_of(config: SimConfig, cost: Any, record: bool = False, generic: bool = False) -> Variant:
+    """The kernel a replay of ``config`` (priced by ``cost`` or not; with a decision record or not) runs."""
+    return variant(config.eviction_name, needs_ext(config, cost), lean=cost is None and not record, generic=generic)
+
+
 def needs_ext(config: SimConfig, cost: Any) -> bool:
-    """Whether the replay runs the kernel variant compiled with the engine features and the miss policies other
-    than fetch-all (Policy.ext); the plain variant fetches every miss."""
+    """Whether the replay runs the ext kernel (the engine features and the miss policies other than
+    fetch-all); the plain kernels fetch every miss."""
     return (config.miss_name != "fetch-all" or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE
             or config.prefetch != "none" or config.step_pin or bool(config.max_uploads) or bool(config.lowbit_share))
 
@@ -305,3 +325,13 @@ def next_layer_table(source: Any, config: SimConfig) -> tuple[np.ndarray, np.nda
                               lambda: prefetch_mod.transitions(source.sel[:n], E, depth))
     parts = [c.sel.copy() for c in source.chunks(n, stop=n, what=("sel",))]  # a streamed store: read the prefix
     return prefetch_mod.transitions(np.concatenate(parts), E, depth)
+
+
+def tiny_args(eviction: str, family: str) -> KernelArgs:
+    """The arguments of a one-token, one-layer replay of the kernel family (simulator/kernels.py FAMILIES)
+    under ``eviction``: the smallest problem with the real argument types, to compile a kernel with."""
+    from moesim.simulator.driver import tiny_routing
+
+    ext = family == "ext"
+    config = SimConfig(eviction=eviction, slots=1, max_uploads=1 if ext else None)
+    return build(tiny_routing(), config, record=False).args

@@ -12,9 +12,9 @@ candidates interleave the members' candidate lists by rank.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from moesim.errors import MoesimError
+from moesim.jitcache import cached_njit
 from moesim.traces.routing import Routing
 
 
@@ -35,7 +35,7 @@ def lock_step_members(seq: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarr
     return np.concatenate(rows), np.concatenate(groups)
 
 
-@njit(cache=True)
+@cached_njit()
 def _union(sel, w, cand, members, E):
     S, B = members.shape
     _, L, k = sel.shape

@@ -15,12 +15,11 @@ from moesim.policies import prefetch as prefetch_mod
 from moesim.policies import registry
 from moesim.policies.miss import parse_miss
 from moesim.policies.registry import parse_eviction
-from moesim.simulator.step_pin import step_pin_refused
 
 ALLOCATIONS = ("per-layer", "global")
 # evictions that are neither list nor heap policies (ARC, S3-FIFO, SIEVE, CLOCK: their victim search moves experts
 # between lists or clears bits on the way): --step-pin is refused for them (docs/replay-semantics.md)
-STEP_PIN_REFUSED = step_pin_refused()
+STEP_PIN_REFUSED = tuple(e.name for e in registry.EVICTIONS if e.pin_mode == registry.PIN_NONE)
 # fields added after results were first keyed, and their defaults (left out of to_dict at the default, so earlier
 # configs keep their keys)
 _LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": None, "overlap": None,

@@ -9,10 +9,10 @@ import numpy as np
 
 from moesim.errors import MoesimError
 from moesim.policies import registry
-from moesim.simulator import kernel
-from moesim.simulator.args import Out, Steps, build, policy_state
+from moesim.simulator import kernels
+from moesim.simulator.args import Out, Steps, build, policy_state, variant_of
 from moesim.simulator.config import SimConfig
-from moesim.simulator.kernel import N_COUNTERS
+from moesim.simulator.counters import N_COUNTERS
 from moesim.simulator.result import Decisions, SimResult, TimedSums
 from moesim.traces.meta import TraceMeta
 from moesim.traces.reader import TraceFile
@@ -22,7 +22,7 @@ from moesim.traces.stream import DecodedStore, decoded_bytes
 
 def simulate(routing: Routing | DecodedStore | str | os.PathLike, config: SimConfig | None = None, *, cost=None,
              record: bool = False, stream: bool | None = None, chunk_tokens: int | None = None, tokens: bool = True,
-             **kwargs) -> SimResult:
+             generic: bool = False, **kwargs) -> SimResult:
     """Replay ``routing`` (a decoded trace, a streamed traces.stream.DecodedStore, or a path) under one
     policy config.
 
@@ -38,7 +38,8 @@ def simulate(routing: Routing | DecodedStore | str | os.PathLike, config: SimCon
     about 32 MB of decoded arrays a chunk) with the cache state carried across chunks, so memory does
     not grow with the trace. None (default): a path is streamed when decoding it whole would take more
     than MOESIM_STREAM_MB (default 512) MB; a Routing replays in memory. ``tokens=False`` keeps no
-    per-token series (a streamed replay then holds nothing of size T but the token keys)."""
+    per-token series (a streamed replay then holds nothing of size T but the token keys). ``generic``:
+    replay on the kernel that serves every config (a sweep's; simulator/kernels.py), same counts."""
     if config is None:
         try:
             config = SimConfig(**kwargs)
@@ -47,21 +48,21 @@ def simulate(routing: Routing | DecodedStore | str | os.PathLike, config: SimCon
     elif kwargs:
         raise MoesimError("give either a SimConfig or keyword options, not both")
     if isinstance(routing, DecodedStore):
-        return _simulate_stream(routing, config, cost, record, chunk_tokens, tokens)
+        return _simulate_stream(routing, config, cost, record, chunk_tokens, tokens, generic)
     if not isinstance(routing, Routing):
         tf = TraceFile(routing)
         if stream or (stream is None and should_stream(tf)):
             with DecodedStore.from_file(tf, candidates=config.substitutes) as store:
-                return _simulate_stream(store, config, cost, record, chunk_tokens, tokens)
+                return _simulate_stream(store, config, cost, record, chunk_tokens, tokens, generic)
         routing = load_routing(tf)
     elif stream:
         with DecodedStore.from_routing(routing) as store:
-            return _simulate_stream(store, config, cost, record, chunk_tokens, tokens)
+            return _simulate_stream(store, config, cost, record, chunk_tokens, tokens, generic)
     _check_warmup(config, routing.n_tokens)
-    prep = build(routing, config, cost, record)
-    ensure_compiled(len(prep.args.policy.ext) > 0)
+    prep = build(routing, config, cost, record, generic)
+    kernels.ensure((prep.variant,))
     t0 = time.perf_counter()
-    kernel.replay(*prep.args)
+    kernels.run(prep.variant, prep.args)
     seconds = time.perf_counter() - t0
     out = prep.args.out
     members = prep.members
@@ -112,7 +113,7 @@ def _drop_series(result: SimResult) -> None:
 
 
 def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool, chunk_tokens: int | None,
-                     tokens: bool) -> SimResult:
+                     tokens: bool, generic: bool = False) -> SimResult:
     """Replay a stored trace a chunk of tokens at a time, the state carried from chunk to chunk."""
     if record:
         raise MoesimError("the decision record (record=True) needs an in-memory replay (stream=False)")
@@ -140,7 +141,8 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
     decode = store.phase == 1
     ones = np.ones(n, np.int64)
     sums = TimedSums()
-    ensure_compiled(len(policy.ext) > 0)
+    v = variant_of(config, cost, generic=generic)
+    kernels.ensure((v,))
     seconds = 0.0
     what = ("sel", "w", "cand") if config.substitutes else ("sel", "w")
     for c in store.chunks(n, what=what, next_req=ev.uses_next_request):
@@ -151,7 +153,7 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
         out = bufs._replace(tok_counts=np.zeros((N_COUNTERS, m), np.int64), tok_mass=bufs.tok_mass[:m],
                             tok_seconds=bufs.tok_seconds[:m], tok_stall=bufs.tok_stall[:m])
         t1 = time.perf_counter()
-        kernel.replay(steps, policy, setup, state, out)
+        kernels.run(v, (steps, policy, setup, state, out))
         seconds += time.perf_counter() - t1
         counted = np.arange(c.t0, c.t0 + m) >= config.warmup_tokens
         sums.add(out.tok_counts.T, out.tok_seconds, out.tok_stall, ones[:m], decode[c.t0:c.t0 + m], counted)
@@ -182,17 +184,3 @@ def tiny_routing(n_experts: int = 2, top_k: int = 1) -> Routing:
                    domain=np.full(1, -1, np.int16), domain_names=[], token=None, sel=sel,
                    w=np.full((1, 1, top_k), 1.0 / top_k, np.float32),
                    cand=np.arange(n_experts, dtype=np.int16).reshape(1, 1, n_experts), digest="warm-up")
-
-
-_compiled: set[bool] = set()
-
-
-def ensure_compiled(ext: bool = False) -> None:
-    """Compile (or load from the on-disk cache) one variant of the kernel (Policy.ext: the plain replay, or
-    the one with the engine features) with the real argument types, so replay timings never include
-    compilation. The arguments come from the same builder."""
-    if ext in _compiled:
-        return
-    config = SimConfig(slots=1, max_uploads=1 if ext else None)
-    kernel.replay(*build(tiny_routing(), config, record=False).args)
-    _compiled.add(ext)

@@ -1,29 +1,16 @@
-"""The kernel's side of prefetch (--prefetch): predicting a step's targets, serving a request whose prefetch is
-still in flight, and the per-expert prefetch state. The policies' records and the next-layer table are in
-policies/prefetch.py; the rules in docs/replay-semantics.md ("Prefetch").
-
-Per-expert state (State.pf, int32): whether the expert's queued copy is a prefetch in flight, whether it is
-resident by a prefetch not used yet, or whether its queued copy was already served to a request (a stale
-queue entry, skipped when it pops). The completion time of a prefetch in flight is in State.pf_t.
-"""
+"""The kernel's side of prefetch (--prefetch): predicting a step's targets, issuing their copies, and serving a
+request whose prefetch is still in flight. The policies' records and the next-layer table are in
+policies/prefetch.py, the per-expert states in simulator/prefetch_state.py; the rules in
+docs/replay-semantics.md ("Prefetch")."""
 
 from numba import njit
 
 from moesim.policies import prefetch as pol
-from moesim.policies import registry
-
-PF_NONE, PF_INFLIGHT, PF_LANDED, PF_STALE = range(4)
-# State.pf_scal: the sequence of the last token whose rows State.pf_prev holds, and whether it holds any
-PREV_SEQ, PREV_VALID = range(2)
-N_PF_SCAL = 2
-
-
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
-def reset(pf, pf_scal):
-    """Forget every prefetch (the cache and the copy queues were emptied)."""
-    for o in range(pf.shape[0]):
-        pf[o] = PF_NONE
-    pf_scal[PREV_VALID] = 0
+from moesim.policies.structures import QUEUED, RES
+from moesim.simulator.copyqueue import queue_copy
+from moesim.simulator.counters import PREFETCHES, PREFETCHES_NVME
+from moesim.simulator.host_ram import from_nvme
+from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_STALE, PREV_SEQ, PREV_VALID
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
@@ -106,8 +93,45 @@ def remember(l, t, sel, prev, pf_scal, seq_t):
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
-def serve_late(code, prm, pool, o, tick, ob, fo, po, heap, pf):
+def serve_late(insert, prm, pool, o, tick, ob, fo, po, heap, pf):
     """A request whose expert's prefetch is still in flight waits for it: the expert is admitted now (through
-    the eviction policy, like a fetch) and the queued copy becomes stale. Returns the victim (as insert)."""
+    the policy's ``insert`` hook, like a fetch) and the queued copy becomes stale. Returns the victim (as
+    insert)."""
     pf[o] = PF_STALE
-    return registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+    return insert(ob, fo, po, heap, prm, pool, o, tick)
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def issue(policy, steps, setup, state, t, l, t_r, link_free, tiered, timed, tok_counts, layer_counts, counting):
+    """Step (t, l)'s prefetches for layer l + depth (same token): each predicted expert neither resident nor
+    already queued is copied on the link behind what is there (at the earliest at the router decision
+    ``t_r``) and queued to land at that layer's first step after it completes. Returns the link's free time."""
+    sel, pf, ob, po = steps.sel, state.pf, state.objs, state.pools
+    L = sel.shape[1]
+    E = ob.shape[0] // L
+    seq_t = steps.tok_seq[t]
+    lt = l + policy.pf_depth
+    if lt < L:
+        n = predict(policy.prefetch, t, l, lt, sel, steps.look, setup.pf_succ, setup.pf_cnt, state.pf_prev,
+                    state.pf_scal, seq_t, state.pf_score, state.pf_pick)
+        ram = po.shape[0] - 1
+        cost = setup.cost
+        for i in range(n):
+            o = lt * E + state.pf_pick[i]
+            if ob[o, RES] != 0 or ob[o, QUEUED] != 0:
+                continue
+            tok_counts[PREFETCHES, t] += 1
+            if counting:
+                layer_counts[lt, PREFETCHES] += 1
+            nvme = tiered and from_nvme(o, ram, ob, po)
+            if nvme:
+                tok_counts[PREFETCHES_NVME, t] += 1
+                if counting:
+                    layer_counts[lt, PREFETCHES_NVME] += 1
+            link_free = queue_copy(o, lt, nvme, t_r, link_free, cost, timed, ob, state.queue, state.queue_t,
+                                   state.queue_hl)
+            pf[o] = PF_INFLIGHT
+            state.pf_t[o] = link_free
+    if policy.prefetch == pol.PREV_TOKEN:
+        remember(l, t, sel, state.pf_prev, state.pf_scal, seq_t)
+    return link_free

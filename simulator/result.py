@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moesim.simulator.config import SimConfig
-from moesim.simulator.kernel import COUNTER_NAMES
+from moesim.simulator.counters import COUNTER_NAMES
 
 
 @dataclass

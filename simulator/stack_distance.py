@@ -1,10 +1,11 @@
 """The LRU stack-distance pass (numba): see sweeps/mrc.py."""
 
 import numpy as np
-from numba import njit
+
+from moesim.jitcache import cached_njit
 
 
-@njit(cache=True, inline="always")
+@cached_njit(inline="always")
 def _bit_add(bit, i, v):
     i += 1
     n = bit.shape[0]
@@ -13,7 +14,7 @@ def _bit_add(bit, i, v):
         i += i & (-i)
 
 
-@njit(cache=True, inline="always")
+@cached_njit(inline="always")
 def _bit_prefix(bit, i):
     """Sum of positions 0..i (0 when i < 0)."""
     s = 0
@@ -24,7 +25,7 @@ def _bit_prefix(bit, i):
     return s
 
 
-@njit(cache=True)
+@cached_njit()
 def _distance(bit, last, o, pos, cold):
     """Stack distance of a request to object o at stream position pos; moves o's mark to pos."""
     p = last[o]
@@ -38,7 +39,7 @@ def _distance(bit, last, o, pos, cold):
     return d
 
 
-@njit(cache=True)
+@cached_njit()
 def _forget(bit, last):
     for o in range(last.shape[0]):
         if last[o] >= 0:
@@ -46,7 +47,7 @@ def _forget(bit, last):
             last[o] = -1
 
 
-@njit(cache=True)
+@cached_njit()
 def _histograms(sel, n_experts, tok_seq, warmup_tokens, reset_per_seq, tok_unit, n_rows):
     """LRU stack-distance histograms of the requests of tokens >= warmup_tokens (the cache still sees the
     earlier ones), a row per layer (``tok_unit`` empty) or per resampling unit ``tok_unit[t]`` (-1: not

@@ -1,8 +1,8 @@
-"""--step-pin in the replay kernel: a step's selected experts cannot be evicted by the step's own misses.
+"""--step-pin in the ext replay kernel: a step's selected experts cannot be evicted by the step's own misses.
 
 The kernel handles a pinned step in two passes (hits, then misses, each in rank order) and calls these
-helpers. Which victim an insertion takes instead depends on how the eviction keeps its order
-(``MODES``, derived from the registry):
+helpers with the step's selection (its row of experts). Which victim an insertion takes instead depends on
+how the eviction keeps its order (its pin mode, policies/registry.py ``Eviction.pin_mode``):
 
 - list policies (lru, fifo: the victim is the list's tail): the unpinned expert nearest the tail;
 - heap policies (lfu, freq: the victim is the heap's root): the step's resident experts are given
@@ -19,90 +19,77 @@ int64 key, stored as its bits) (State.spin).
 import numpy as np
 from numba import njit
 
-from moesim.policies import keyheap, lists, registry
-from moesim.policies.structures import CAP, HBASE, HK1, HK2, HPOS, PRV, RES, SIZE, TAIL, heap_rekey, list_unlink
+from moesim.policies import keyheap
+from moesim.policies.hooks import NOT_ADMITTED
+from moesim.policies.structures import CAP, HBASE, HK1, HK2, HPOS, PRV, RES, SIZE, TAIL, heap_rekey_called, list_unlink
 
 MODE_NONE, MODE_LIST, MODE_HEAP, MODE_FIXED, MODE_KEYHEAP = range(5)
 PIN_FULL = -3  # an insertion's answer when every resident expert of the pool is pinned by the step
 
 
-def _mode(e) -> int:
-    if e.pinned:
-        return MODE_FIXED
-    if e.kind == "heap":
-        return MODE_HEAP
-    if e.kind == "keyheap":
-        return MODE_KEYHEAP
-    if getattr(e.module, "insert", None) is lists.insert_front:
-        return MODE_LIST
-    return MODE_NONE
-
-
-MODES = np.array([_mode(e) for e in registry.EVICTIONS], np.int64)
-
-
-def step_pin_refused() -> tuple[str, ...]:
-    """The evictions --step-pin has no exact meaning for (neither a list nor a heap policy)."""
-    return tuple(e.name for e in registry.EVICTIONS if _mode(e) == MODE_NONE)
-
-
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
-def mark(sel, t, l, base, step, spin):
+def mark(row, base, step, spin):
     """Pin the step's selected experts (resident or not) for this step."""
-    for r in range(sel.shape[2]):
-        if sel[t, l, r] >= 0:
-            spin[base + sel[t, l, r], 0] = step
+    for r in range(row.shape[0]):
+        if row[r] >= 0:
+            spin[base + row[r], 0] = step
 
 
 @njit(inline="always")
-def _pinned_in_heap(sel, t, l, r, base, ob):
+def _pinned_in_heap(row, r, base, ob):
     """The step's r-th expert when it is resident in a heap, else -1."""
-    e = sel[t, l, r]
+    e = row[r]
     return base + e if e >= 0 and ob[base + e, RES] != 0 and ob[base + e, HPOS] >= 0 else -1
 
 
-@njit(inline="always")
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
 def _raise(mode, ob, po, heap, pool, o, spin):
+    """Resident o outranks every unpinned expert of its heap until _lower; its priority is saved."""
     if mode == MODE_KEYHEAP:
         keyheap.pin(ob, po, heap, pool, o, spin)
         return
     j = po[pool, HBASE] + ob[o, HPOS]
     spin[o, 1] = heap[j, HK1]
-    heap_rekey(ob, po, heap, pool, ob[o, HPOS], np.inf, heap[j, HK2])
+    heap_rekey_called(ob, po, heap, pool, ob[o, HPOS], np.inf, heap[j, HK2])
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
-def raise_hits(mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin):
+def _lower(mode, ob, po, heap, pool, o, spin):
+    """o gets its saved priority back (unless a use re-keyed it since it was pinned)."""
+    if mode == MODE_KEYHEAP:
+        keyheap.unpin(ob, po, heap, pool, o, spin)
+        return
+    j = po[pool, HBASE] + ob[o, HPOS]
+    if heap[j, HK1] == np.inf:
+        heap_rekey_called(ob, po, heap, pool, ob[o, HPOS], spin[o, 1], heap[j, HK2])
+
+
+@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+def raise_hits(mode, row, base, pool, ob, po, heap, spin):
     """Heap policies: after the step's hits, its resident experts take an infinite priority."""
     if mode != MODE_HEAP and mode != MODE_KEYHEAP:
         return
-    pool = pool_of_layer[l]
-    for r in range(sel.shape[2]):
-        o = _pinned_in_heap(sel, t, l, r, base, ob)
+    for r in range(row.shape[0]):
+        o = _pinned_in_heap(row, r, base, ob)
         if o >= 0:
             _raise(mode, ob, po, heap, pool, o, spin)
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
-def restore(mode, sel, t, l, base, pool_of_layer, ob, po, heap, spin):
+def restore(mode, row, base, pool, ob, po, heap, spin):
     """Heap policies: at the step's end its pinned resident experts get their priority back."""
     if mode != MODE_HEAP and mode != MODE_KEYHEAP:
         return
-    pool = pool_of_layer[l]
-    for r in range(sel.shape[2]):
-        o = _pinned_in_heap(sel, t, l, r, base, ob)
-        if o >= 0 and mode == MODE_KEYHEAP:
-            keyheap.unpin(ob, po, heap, pool, o, spin)
-        elif o >= 0:
-            j = po[pool, HBASE] + ob[o, HPOS]
-            if heap[j, HK1] == np.inf:
-                heap_rekey(ob, po, heap, pool, ob[o, HPOS], spin[o, 1], heap[j, HK2])
+    for r in range(row.shape[0]):
+        o = _pinned_in_heap(row, r, base, ob)
+        if o >= 0:
+            _lower(mode, ob, po, heap, pool, o, spin)
 
 
 @njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
-def insert(mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin):
-    """Admit o without evicting an expert pinned at this step: the victim, -1 (none), registry.NOT_ADMITTED
-    (the policy refused o) or PIN_FULL (every resident expert is pinned)."""
+def insert(ins, mode, prm, pool, o, tick, step, ob, fo, po, heap, spin):
+    """Admit o through the policy's insert hook ``ins`` without evicting an expert pinned at this step: the
+    victim, -1 (none), NOT_ADMITTED (the policy refused o) or PIN_FULL (every resident expert is pinned)."""
     if po[pool, SIZE] >= po[pool, CAP] and po[pool, CAP] > 0:
         if mode == MODE_LIST:
             v = po[pool, TAIL]
@@ -114,7 +101,7 @@ def insert(mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin):
                 list_unlink(ob, po, pool, v, 0)
                 ob[v, RES] = 0
                 po[pool, SIZE] -= 1
-                registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
+                ins(ob, fo, po, heap, prm, pool, o, tick)
                 return v
         elif mode == MODE_HEAP:
             if heap[po[pool, HBASE], HK1] == np.inf:
@@ -122,7 +109,7 @@ def insert(mode, code, prm, pool, o, tick, step, ob, fo, po, heap, spin):
         elif mode == MODE_KEYHEAP:
             if keyheap.root_pinned(po, heap, pool):
                 return PIN_FULL
-    v = registry.insert(code, ob, fo, po, heap, prm, pool, o, tick)
-    if (mode == MODE_HEAP or mode == MODE_KEYHEAP) and v != registry.NOT_ADMITTED:
+    v = ins(ob, fo, po, heap, prm, pool, o, tick)
+    if (mode == MODE_HEAP or mode == MODE_KEYHEAP) and v != NOT_ADMITTED:
         _raise(mode, ob, po, heap, pool, o, spin)
     return v

@@ -21,7 +21,7 @@ import numpy as np
 from moesim.errors import MoesimError
 from moesim.simulator.bootstrap import CI, percentile_interval, ratio, resampled_sums
 from moesim.simulator.config import SimConfig
-from moesim.simulator.kernel import COUNTER_NAMES
+from moesim.simulator.counters import COUNTER_NAMES
 
 MIN_BLOCK = 64     # steps: a block shorter than this is mostly cache warm-up
 MAX_BLOCKS = 50    # blocks: enough for a stable percentile interval, few enough to stay long

@@ -13,10 +13,9 @@ from typing import Any
 
 from moesim.errors import MoesimError
 from moesim.policies import registry
-from moesim.simulator import SimConfig, simulate
-from moesim.simulator.args import needs_ext
+from moesim.simulator import SimConfig, kernels, simulate
+from moesim.simulator.args import variant_of
 from moesim.simulator.bootstrap import CI
-from moesim.simulator.driver import ensure_compiled
 from moesim.simulator.rotation import warm_unit_sums
 from moesim.simulator.units import replay_units
 from moesim.traces.stream import DecodedStore
@@ -42,7 +41,7 @@ def replay_payload(routing, config: SimConfig, cost, ci: CI | None = None) -> di
     delay = float(os.environ.get(_DELAY_ENV, "0") or 0)
     if delay > 0:
         time.sleep(delay)
-    res = simulate(routing, config, cost=cost, tokens=not isinstance(routing, DecodedStore))
+    res = simulate(routing, config, cost=cost, tokens=not isinstance(routing, DecodedStore), generic=True)
     return payload(res, routing=routing, config=config, cost=cost, ci=ci)
 
 
@@ -163,8 +162,8 @@ def execute(work: list[Task], routings: list, costs: list, *, jobs: int | None =
     if executor == "ray":
         yield from _ray(work, jobs, routings, costs, stats if stats is not None else {}, ci)
         return
-    for ext in {needs_ext(t.config, costs[t.cost]) for t in work}:
-        ensure_compiled(ext)  # compile or load once, before forking, so no worker compiles
+    # every kernel the grid needs, compiled or loaded once before forking, so that no worker compiles
+    kernels.ensure(variant_of(t.config, costs[t.cost], generic=True) for t in work)
     for i, r in enumerate(routings):
         if isinstance(r, DecodedStore):
             if any(t.trace == i and registry.get(t.config.eviction_name).uses_next_request for t in work):

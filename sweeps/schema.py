@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moesim.simulator.kernel import COUNTER_NAMES
+from moesim.simulator.counters import COUNTER_NAMES
 from moesim.simulator.result import PREFETCH_RATES
 from moesim.simulator.units import STATISTICS
 

@@ -10,7 +10,7 @@ from replay_helpers import fast_random_routing
 from sweep_helpers import run_cli, small_trace
 
 from moesim.simulator import simulate
-from moesim.simulator.kernel import HITS, REQUESTS
+from moesim.simulator.counters import HITS, REQUESTS
 from moesim.sweeps.mrc import lru_hits, mrc
 
 

@@ -19,6 +19,7 @@ from policy_streams import (
 from replay_helpers import seeded_rng
 
 from moesim.policies import registry
+from moesim.policies.hooks import NOT_ADMITTED
 from moesim.policies.structures import X0
 
 VARIANTS = [
@@ -68,7 +69,7 @@ def test_ghosts_and_refusals_are_exercised():
     _, _, (_, _, po, _) = hooks_run("s3fifo", 20, stream)
     assert (victims >= 0).any() and po[0, X0] == 1  # has evicted
     _, victims, _ = hooks_run("s3fifo", 19, stream)
-    assert (victims == registry.NOT_ADMITTED).all()
+    assert (victims == NOT_ADMITTED).all()
 
 
 def test_declared_parameters_match_the_reference_defaults():

@@ -12,6 +12,7 @@ from reference_policies import make_policy
 from moesim.cli import cli
 from moesim.errors import MoesimError
 from moesim.policies import doc, miss, registry
+from moesim.policies import hooks as hooks_mod
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,10 +58,12 @@ def test_every_eviction_has_a_reference_implementation():
         make_policy(e.name, 4, score={}, next_use=lambda o, now: (0,))
 
 
-def test_codes_flags_and_parsing_derive_from_the_records():
+def test_codes_hooks_and_parsing_derive_from_the_records():
     assert [e.code for e in registry.EVICTIONS] == list(range(len(registry.EVICTIONS)))
     for e in registry.EVICTIONS:
-        assert registry.FLAGS[e.code].tolist() == [not e.pinned, e.uses_score, e.uses_next_request]
+        hooks = e.hooks()
+        assert hooks.hit is (hooks_mod.no_hit if e.pinned else e.module.hit)  # pinned placements share no-ops
+        assert e.hook_set == ("pinned" if e.pinned else e.name)
         assert registry.parse_eviction(e.name) == (e.name, None)
         if e.param is None:
             with pytest.raises(MoesimError, match="takes no parameter"):

@@ -15,7 +15,7 @@ from moesim.errors import MoesimError
 from moesim.policies import registry
 from moesim.simulator import SimConfig, simulate
 from moesim.simulator.config import STEP_PIN_REFUSED
-from moesim.simulator.kernel import COUNTER_NAMES
+from moesim.simulator.counters import COUNTER_NAMES
 from moesim.traces import TraceMeta, TraceWriter, load_routing
 from moesim.traces.stream import DecodedStore
 

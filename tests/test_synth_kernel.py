@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from synth_reference import linked_bits, predecessors
 
-from moesim.jitcache import jitted
+from moesim.traces import synth_kernel
 from moesim.traces.synthetic import _quantile_tables, coupling_link16, coupling_order, layer_split, rank_layout
 
 QMAX, ID_BITS = 1 << 20, 10
@@ -73,7 +73,7 @@ def _kernel(key, t0, base, weights, dom, newseq, link16, kn, m, grid, parts, blo
     counts = np.empty(c * L, np.int32)
     qfull = np.empty((c * L, E), np.int32)
     lse = np.empty(c * L)
-    jitted("moesim.traces.synth_kernel").generate(
+    synth_kernel.generate(
         np.uint64(key), t0, L, base_r, order, dom, newseq, z, kn["rho"], kn["innov"], kn["drift"], kn["noise"],
         kn["inv_temp"], kn["offset"], kn["inv_grid"], *_quantile_tables(), thr, m, width, keys, counts, qfull, grid,
         lse, link16, layer_split(L, parts), block)

@@ -42,7 +42,7 @@ def reference_interval(num: list[float], den: list[float], level: float, resampl
 
 def reference_unit_sums(routing, res, config) -> dict[int, dict[str, float]]:
     """Per sequence, token by token: counted requests, hits, mass, tokens and timed seconds (batch 1)."""
-    from moesim.simulator.kernel import COUNTER_NAMES
+    from moesim.simulator.counters import COUNTER_NAMES
 
     req, hit = COUNTER_NAMES.index("requests"), COUNTER_NAMES.index("hits")
     out: dict[int, dict[str, float]] = {}

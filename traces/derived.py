@@ -7,12 +7,13 @@ Ticks order every event of a replay: step s = t * L + l (token t, MoE layer l) o
 s (E + k) + E + rank."""
 
 import numpy as np
-from numba import njit
+
+from moesim.jitcache import cached_njit
 
 NEVER = np.int64(1) << np.int64(62)  # an expert that is never requested again
 
 
-@njit(cache=True)
+@cached_njit()
 def next_ticks(sel, n_experts, t0, last, nxt):
     """Fill ``nxt`` [T, L, k] with the tick of the same (layer, expert)'s next request for each request
     of ``sel`` (tokens t0 .. t0 + T - 1 of the trace), NEVER if there is none, walking backwards.

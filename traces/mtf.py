@@ -5,12 +5,14 @@ stored as their positions in its layer's list *before* the row, then the row's i
 front in rank order (the rest keep their order). Routing is sticky from token to token, so the
 positions are small and repeat, and zstd codes them in ~6.4 bits instead of 7 for E = 128
 (docs/trace-format.md). Lists start as 0..E-1 at the first row of every Parquet row group, so a row
-group decodes on its own. Imported through moesim.jitcache.jitted (numba's cache).
+group decodes on its own. Cached by numba per component (moesim/jitcache.py).
 """
 
 import numba
 import numpy as np
 from numba import njit, prange
+
+from moesim.jitcache import cached_njit
 
 SMALL = 128  # up to this many experts (two 64-bit words of positions), encode counts bits instead of walking
 
@@ -28,7 +30,7 @@ def encode(ids, layer, where, n_layers, parts=2):
     return out, encode_into(ids, layer, where, parts, out)
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def encode_into(ids, layer, where, parts, out):
     """encode's codes into ``out`` [n, M] (int32, or uint8 when E <= 256: the ranked layout's bytes, with
     no int32 copy between); returns the first bad row or n. Layers are independent, so ``parts`` (1 or 2:
@@ -163,7 +165,7 @@ def _encode_walk(ids, layer, where, part, parts, out):
     return bad
 
 
-@njit(cache=True)
+@cached_njit()
 def decode(codes, layer, lists):
     """Ranked ids [n, M] (int32) of codes [n, M]; updates the state. Returns (ids, the first row
     whose codes are out of range or repeated, a damaged file, else n)."""

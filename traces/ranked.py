@@ -7,9 +7,9 @@ import numpy as np
 
 def codec():
     """The jitted move-to-front encoder/decoder (numba's on-disk cache, see moesim.jitcache)."""
-    from moesim.jitcache import jitted
+    from moesim.traces import mtf
 
-    return jitted("moesim.traces.mtf")
+    return mtf
 
 
 def new_state(n_layers: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,10 +57,10 @@ def binary_column(raw: np.ndarray, valid: np.ndarray | None = None):
 def gap_columns(gaps: np.ndarray):
     """Gaps [n, k-1] in 0..65535 as (gate_gaps: the low bytes, gate_gaps_high: the high bytes,
     null in rows whose gaps all fit a byte), or None when a gap is out of that range."""
-    from moesim.jitcache import jitted
+    from moesim.traces.ranked_bytes import split_gaps
 
     g = np.asarray(gaps)
-    low, high, some, ok = jitted("moesim.traces.ranked_bytes").split_gaps(
+    low, high, some, ok = split_gaps(
         np.ascontiguousarray(g if g.size else g.astype(np.int64)))
     return (binary_column(low), binary_column(high, some)) if ok else None
 

@@ -1,11 +1,12 @@
 """The ranked layout's gate-gap bytes, jitted (one pass instead of numpy's six over a batch).
-Imported through moesim.jitcache.jitted (numba's cache)."""
+Cached by numba per component (moesim/jitcache.py)."""
 
 import numpy as np
-from numba import njit
+
+from moesim.jitcache import cached_njit
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def split_gaps(g):
     """Gaps [n, w] -> (low bytes [n, w] uint8, high bytes [n, w] uint8, rows with a high byte [n] bool,
     whether every gap is in 0..65535; the bytes are undefined when not)."""

@@ -103,9 +103,7 @@ class Routing:
         expert's first request, as ticks of the replay (traces/derived.py)."""
 
         def compute():
-            from moesim.jitcache import jitted
-
-            derived = jitted("moesim.traces.derived")
+            from moesim.traces import derived
             return derived.next_requests(np.ascontiguousarray(self.sel, dtype=np.int16), self.n_experts)
 
         return self.derived("next_requests", compute)

@@ -188,9 +188,7 @@ class DecodedStore:
         """Each object's first request tick, writing next.bin (a reverse pass over the chunks) the
         first time it is asked for."""
         if self._first is None:
-            from moesim.jitcache import jitted
-
-            stream_jit = jitted("moesim.traces.stream_jit")
+            from moesim.traces import stream_jit
             T, L, E, k = self.n_tokens, self.n_layers, self.n_experts, self.top_k
             if T * k >= int(NO_NEXT):
                 raise MoesimError(f"a streamed replay that needs next requests (belady) handles at most "
@@ -236,9 +234,7 @@ class DecodedStore:
         nxt = np.zeros((n if next_req else 0, L, k), np.int64)
         dist = np.zeros((n, L, k), np.uint32) if next_req else None
         if next_req:
-            from moesim.jitcache import jitted
-
-            stream_jit = jitted("moesim.traces.stream_jit")
+            from moesim.traces import stream_jit
             self.first_requests()
         for t0 in range(0, T, n):
             m = min(n, T - t0)

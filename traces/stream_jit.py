@@ -2,14 +2,14 @@
 written by a reverse pass over the chunks, and turned back into ticks (traces/derived.py) chunk by chunk."""
 
 import numpy as np
-from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.traces.derived import NEVER
 
 NO_NEXT = np.uint32(0xFFFFFFFF)
 
 
-@njit(cache=True)
+@cached_njit()
 def next_distances(sel, n_experts, t0, last_t, last_r, out):
     """For each request of ``sel`` (tokens t0 .. t0 + T - 1), the distance to the same (layer, expert)'s
     next request: (tokens ahead) * k + its rank, NO_NEXT for none. ``last_t``/``last_r`` [L * E] hold
@@ -33,7 +33,7 @@ def next_distances(sel, n_experts, t0, last_t, last_r, out):
                 last_r[o] = r
 
 
-@njit(cache=True)
+@cached_njit()
 def ticks_from_distances(dist, t0, n_experts, out):
     """The next-request ticks of a chunk (tokens t0 ..) from its distances."""
     T, L, k = dist.shape
@@ -49,7 +49,7 @@ def ticks_from_distances(dist, t0, n_experts, out):
                     out[t, l, r] = ((t0 + t + dt) * L + l) * span + n_experts + (np.int64(d) - dt * k)
 
 
-@njit(cache=True)
+@cached_njit()
 def first_ticks(last_t, last_r, L, n_experts, k):
     """Each object's first request tick from the reverse pass's final (token, rank)."""
     out = np.empty(last_t.shape[0], np.int64)

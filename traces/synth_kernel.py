@@ -1,6 +1,6 @@
 """The synthetic generator's inner loop (generator 2), jitted: per (token, layer, expert) the sticky
 drift, the Gumbel noise and the quantized logit, and per (token, layer) the keys of the best
-candidates. Imported through moesim.jitcache.jitted (numba's cache); docs/synthetic.md.
+candidates. Cached by numba per component (moesim/jitcache.py); docs/synthetic.md.
 
 Random numbers are counter-based: the draw of (token t, layer l, expert e) is splitmix64 of
 key + (t * L + l) * E + e, so the trace does not depend on chunking or on the number of threads.
@@ -26,6 +26,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from moesim.jitcache import cached_njit
 from moesim.traces.simd import below, flagged
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -53,7 +54,7 @@ def _mix(x):
     return x ^ (x >> np.uint64(31))
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def lookahead_rows(ids, q, k, n_layers, t0, key, noise_q, gtab, out):
     """The synthetic lookahead column of token-major rows [c * L] starting at token t0 (out [c * L, k]):
     per row the k best of the next layer's candidates ``ids`` after adding Gumbel noise (``noise_q``
@@ -82,7 +83,7 @@ def lookahead_rows(ids, q, k, n_layers, t0, key, noise_q, gtab, out):
             sc[b] = -np.inf
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@cached_njit(parallel=True, nogil=True)
 def generate(key, t0, n_layers, base, order, dom, newseq, z, rho, innov, drift, noise, inv_temp, offset, inv_grid,
              ntab, gtab, thr, m, width, keys, counts, qfull, lse_grid, lse, link16, bounds, block):
     """Tokens t0 .. t0 + c - 1 (c = len(dom)). The experts of every layer are held in rank order:

@@ -1,13 +1,13 @@
 """The synthetic generator's main-thread step (generator 2), jitted: sorted candidate keys to the
-rows the writer takes. Imported through moesim.jitcache.jitted (numba's cache)."""
+rows the writer takes. Cached by numba per component (moesim/jitcache.py)."""
 
 import numpy as np
-from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.traces.synth_kernel import ID_BITS, QMAX
 
 
-@njit(cache=True, nogil=True)
+@cached_njit(nogil=True)
 def unpack(keys, m, n_gaps, with_q):
     """Sorted keys [n, >= m] -> (ids [n, m] int16, q [n, m] int32 of the m best (no rows unless
     ``with_q``), gaps [n, n_gaps] int32: q[:, j] - q[:, j + 1], the ranked layout's gate gaps). One pass

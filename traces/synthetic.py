@@ -359,10 +359,9 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
     [n, E] or None, lse [n] or None). The keys are scratch (~15 MB a chunk), ``buffers`` of them used in
     turn: a consumer may hold at most ``buffers - 1`` chunks besides the one being made (one: done with a
     chunk before asking for the next; through _ahead(depth): depth + 2)."""
-    from moesim.jitcache import jitted
+    from moesim.traces import synth_kernel as kern
 
     _passive_omp()
-    kern = jitted("moesim.traces.synth_kernel")
     D, L, E = base.shape
     if E > 1 << kern.ID_BITS:
         raise MoesimError(f"generator 2 handles up to {1 << kern.ID_BITS} experts, not {E}: use --generator 1")
@@ -409,9 +408,7 @@ def _unpacked(keyed, M: int, n_gaps: int = 0, with_q: bool = True):
     """_sorted chunks as _chunks_v1's: the candidate keys unpacked into ranked ids [n, M] int16 and their
     q [n, M] (None unless ``with_q``), and the last item the gate gaps [n, n_gaps] (q[:, j] - q[:, j + 1])
     when n_gaps, else None."""
-    from moesim.jitcache import jitted
-
-    unpack = jitted("moesim.traces.synth_unpack").unpack
+    from moesim.traces.synth_unpack import unpack
     for rows, keys, q_full, lse in keyed:
         ids, top_q, gaps = unpack(keys, M, n_gaps, with_q)
         yield rows, ids, top_q if with_q else None, q_full, lse, gaps if n_gaps else None
@@ -422,10 +419,10 @@ def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, k
     """The synthetic lookahead column of the token-major rows [c * L] that start at token t0: per row the
     k best of the next layer's M candidates after adding Gumbel(0, ``noise``) noise to their logits
     (traces/synth_kernel.py lookahead_rows), -1 on the last layer."""
-    from moesim.jitcache import jitted
+    from moesim.traces.synth_kernel import lookahead_rows
 
     out = np.empty((ids.shape[0], k), dtype=np.int16)
-    jitted("moesim.traces.synth_kernel").lookahead_rows(
+    lookahead_rows(
         ids, top_q, k, L, t0, np.uint64(key), np.float32(noise / grid), _quantile_tables()[1], out)
     return out
 
@@ -554,9 +551,9 @@ _TABLES: dict = {}
 
 def _quantile_tables():
     if not _TABLES:
-        from moesim.jitcache import jitted
+        from moesim.traces.synth_kernel import tables
 
-        _TABLES["t"] = jitted("moesim.traces.synth_kernel").tables()
+        _TABLES["t"] = tables()
     return _TABLES["t"]
 
 

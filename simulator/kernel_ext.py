@@ -1,0 +1,371 @@
+"""The ext replay: every miss policy, background admission, prefetch, the overlapped clock, the engine's
+step semantics (--step-pin, --max-uploads), the low-bit tier and the step seam. Compiled once for every
+eviction policy (simulator/kernels.py): the policy's hooks arrive as function pointers (``hit``,
+``insert``, ``rekey``: policies/hooks.py ``compiled``) and its flags in the policy group, so adding a
+policy or a feature compiles this kernel once, not once per policy.
+
+Each step's selection is copied into the state's step row (State.row, row_w, row_wm) before its requests
+are handled: the seam where a step policy may rewrite which experts the step runs and their weights.
+
+The semantics are docs/replay-semantics.md's; tests/reference_replay.py is the slow reference this
+kernel matches count for count, second for second.
+"""
+
+import numpy as np
+
+from moesim.policies import miss
+from moesim.policies import prefetch as pfp
+from moesim.policies.structures import CAP, MARK, NREQ, RES, SCORE
+from moesim.simulator import overlap
+from moesim.simulator import prefetch as pfm
+from moesim.simulator import step_pin as pin
+from moesim.simulator.copyqueue import land
+from moesim.simulator.counters import (
+    ADMISSIONS,
+    CPU,
+    CPU_NVME,
+    DECAY_BASE,
+    DROPS,
+    EVICTIONS,
+    FETCHES,
+    FETCHES_NVME,
+    FIRST_CHOICE_SUBS,
+    HITS,
+    LINK_FREE,
+    MISSES,
+    NOW,
+    PREFETCH_LATE,
+    PREFETCH_USED,
+    PREV_SEQ,
+    REQUESTS,
+    RESCALE,
+    S_CPU_HANDOFF,
+    S_CPU_NVME,
+    S_CPU_RAM,
+    S_DENSE_LAYER,
+    S_EXPERT_VRAM,
+    S_FETCH_NVME,
+    S_FETCH_RAM,
+    S_LOWBIT_VRAM,
+    S_WRITEBACK,
+    SUBSTITUTIONS,
+)
+from moesim.simulator.host_ram import from_nvme
+from moesim.simulator.miss_paths import (
+    accumulate,
+    admit_engine,
+    lowbit_fetch,
+    pinned_hits,
+    substitute,
+    sync_fetch,
+    tier_run,
+)
+from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE
+from moesim.simulator.prefetch_state import reset as pf_reset
+from moesim.simulator.reset import clocked, first_ticks, reset_state
+
+
+def replay(steps, policy, setup, state, out, hit, insert, rekey):
+    """Replay the tokens of ``steps`` (tokens steps.t0 .. steps.t0 + T - 1 of the trace; simulator/args.py
+    names every array) continuing from ``state``: a whole trace in one call, or a streamed trace chunk by
+    chunk with the same state. Adds counters into out.layer_counts/layer_mass (tokens from
+    policy.warmup_tokens on) and, per token of the chunk, into out.tok_counts (counter-major, from zeros);
+    sets out.tok_mass and, when clocked, out.tok_seconds/tok_stall; with a decision record (out.outcome
+    non-empty), each request's outcome and substitute. steps.sel entries < 0 are padding (batched routing);
+    steps.w: the weights the miss policy reads; steps.wm: the gate mass a substitution or drop loses."""
+    sel, w, wm, cand, next_req, tok_seq = steps.sel, steps.w, steps.wm, steps.cand, steps.next_req, steps.tok_seq
+    t0 = steps.t0
+    ob, fo, po, heap, spin = state.objs, state.objf, state.pools, state.heap, state.spin
+    queue, queue_t, qhl = state.queue, state.queue_t, state.queue_hl
+    row, row_w, row_wm = state.row, state.row_w, state.row_wm
+    clock, scal = state.clock, state.scal
+    layer_counts, layer_mass, tok_counts, tok_mass = out.layer_counts, out.layer_mass, out.tok_counts, out.tok_mass
+    tok_seconds, tok_stall = out.tok_seconds, out.tok_stall
+    outcome, substituted = out.outcome, out.substitute
+    pool_of_layer, cost, lowbit_res = setup.pool_of_layer, setup.cost, setup.lowbit_res
+    prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
+    warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
+    uses_next, uses_score, admits, pin_mode = policy.uses_next, policy.uses_score, policy.admits, policy.pin_mode
+    step_pin = policy.step_pin
+    max_up = policy.max_uploads
+    engine = step_pin or max_up > 0
+    tier = False  # a low-bit tier (--lowbit-share): misses with a resident low-bit copy run it
+    for o in range(lowbit_res.shape[0]):
+        if lowbit_res[o]:
+            tier = True
+            break
+    T, L, k = sel.shape
+    n_obj = ob.shape[0]
+    E = n_obj // L
+    ram = po.shape[0] - 1
+    tiered = po[ram, CAP] >= 0  # a host-RAM tier smaller than the experts: reads may come from NVMe
+    record = outcome.shape[0] > 0
+    half_life = prm[0] if uses_score else 0.0
+    timed = clocked(cost)  # without a cost model every time is zero: the clock arithmetic is skipped
+    if t0 == 0:
+        first_ticks(steps.first_req, fo)
+    # hoisted: array loads inside the loop could not be, stores to other arrays may alias them
+    s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
+    s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
+    s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
+    s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
+    s_lowbit_vram = cost[S_LOWBIT_VRAM]
+    substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
+    copies = beta > 0.0 and admits
+    # overlap (simulator/overlap.py) and prefetch (simulator/prefetch.py): off, they leave the loop as it was
+    ov = policy.overlap if timed else 0
+    prefetching = policy.prefetch != pfp.NONE and admits  # pinned evictions never admit: nothing to prefetch
+    pf = state.pf
+    t_r = h = h0 = lk0 = 0.0
+    m_link = 0
+    now = clock[NOW]
+    link_free = clock[LINK_FREE]
+    prev_seq = scal[PREV_SEQ]
+    decay_base = scal[DECAY_BASE]
+    inc = 1.0
+
+    for t in range(T):
+        tg = t0 + t  # the token's index in the whole trace
+        t_start = now
+        stall = 0.0
+        if tg == 0 or (reset_per_seq and tok_seq[t] != prev_seq):
+            reset_state(setup, ob, fo, po, qhl)
+            warm = setup.warm_objs
+            nw = warm.shape[0]
+            for i in range(nw):
+                o = warm[i]
+                insert(ob, fo, po, heap, prm, pool_of_layer[o // E], o, -2 * (nw - i) - 1)
+            if prefetching:
+                pf_reset(pf, state.pf_scal)
+            decay_base = tg
+        prev_seq = tok_seq[t]
+        if uses_score and half_life > 0.0:
+            inc = 2.0 ** ((tg - decay_base) / half_life)
+            if inc > RESCALE:
+                for o in range(n_obj):
+                    fo[o, SCORE] /= inc
+                    rekey(ob, fo, po, heap, prm, pool_of_layer[o // E], o)
+                decay_base = tg
+                inc = 1.0
+        counting = tg >= warmup
+        tmass = 0.0
+        tk_req = tk_hit = tk_fetch = tk_evict = tk_admit = 0  # the token's frequent counters, over its layers
+
+        for l in range(L):
+            pool = pool_of_layer[l]
+            base = l * E
+            step = tg * L + l
+            tick0 = step * (E + k)  # the step's ticks: tick0 + i for its admissions, tick0 + E + r for rank r
+            n_req = n_hit = n_fetch = n_evict = n_admit = 0
+            n_up = np.int64(0)  # not a literal 0: the helper it is passed to would be compiled twice
+            smass = 0.0
+            ran_cpu = False
+            if timed:
+                now += s_dense_layer
+            t_r = now  # the router decision
+            if ov:
+                h = h0 = overlap.NEG
+                lk0 = now
+                m_link = 0
+            if qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
+                n_admit, n_evict, link_free = land(insert, prm, pool, l, tick0, now, link_free, s_writeback, ob,
+                                                   fo, po, heap, queue, queue_t, qhl, pf)
+            for r in range(k):  # the step row: the seam where a step policy may rewrite the selection
+                row[r] = sel[t, l, r]
+                row_w[r] = w[t, l, r]
+                row_wm[r] = wm[t, l, r]
+            if substitutes:  # a substitute may not be one of the step's selected experts
+                for r in range(k):
+                    if row[r] >= 0:
+                        fo[base + row[r], MARK] = step
+            if step_pin:  # the step's hits first (in rank order), then its misses below
+                pin.mark(row, base, step, spin)
+                n_hit, now = pinned_hits(hit, prm, pool, row, next_req, t, l, base, tick0 + E, uses_next, uses_score,
+                                         inc, timed, s_vram, now, record, ob, fo, po, heap, outcome)
+                n_req = n_hit
+                pin.raise_hits(pin_mode, row, base, pool, ob, po, heap, spin)
+            copy_end = now  # --step-pin: the step's copies go onto the link together, from here
+
+            for r in range(k):
+                e = row[r]
+                if e < 0:
+                    continue
+                o = base + e
+                if step_pin and ob[o, RES] != 0:
+                    continue  # a hit, handled above
+                tick = tick0 + E + (n_req if step_pin else r)  # --step-pin: ticks in the order handled
+                if uses_next:
+                    fo[o, NREQ] = next_req[t, l, r]
+                if uses_score:
+                    fo[o, SCORE] += inc
+                n_req += 1
+                if ob[o, RES] != 0:
+                    n_hit += 1
+                    hit(ob, fo, po, heap, prm, pool, o, tick, True)
+                    if timed:
+                        now += s_vram
+                    if prefetching and pf[o] == PF_LANDED:
+                        pf[o] = PF_NONE
+                        tok_counts[PREFETCH_USED, t] += 1
+                        if counting:
+                            layer_counts[l, PREFETCH_USED] += 1
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_HIT
+                    continue
+                if prefetching and pf[o] == PF_INFLIGHT:
+                    # its prefetch is still in flight: wait for it (a hit, late), no second copy
+                    n_hit += 1
+                    tok_counts[PREFETCH_USED, t] += 1
+                    if counting:
+                        layer_counts[l, PREFETCH_USED] += 1
+                    done = state.pf_t[o]
+                    asked = t_r if ov else now
+                    if done > asked:
+                        tok_counts[PREFETCH_LATE, t] += 1
+                        if counting:
+                            layer_counts[l, PREFETCH_LATE] += 1
+                    if timed:
+                        if ov:
+                            h = max(h, done) + s_vram
+                            m_link += 1
+                        else:
+                            stall += max(done, now) - now
+                            now = max(done, now) + s_vram
+                    if pfm.serve_late(insert, prm, pool, o, tick, ob, fo, po, heap, pf) >= 0:
+                        n_evict += 1
+                        if timed:
+                            link_free = max(t_r if ov else now, link_free) + s_writeback
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_HIT
+                    continue
+                wr = row_w[r]
+                action = miss.decide(miss_code, r, wr, theta)
+                if tier and lowbit_res[o]:
+                    if timed:
+                        now += s_lowbit_vram
+                    link_free = tier_run(o, l, wr, t_r if ov else now, link_free, cost, timed, tiered, ram, copies,
+                                         beta, ob, fo, po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_LOWBIT
+                    continue
+                if action == miss.FETCH:
+                    n_fetch += 1
+                    nvme = tiered and from_nvme(o, ram, ob, po)
+                    if nvme:
+                        tok_counts[FETCHES_NVME, t] += 1
+                        if counting:
+                            layer_counts[l, FETCHES_NVME] += 1
+                    if timed:
+                        if ov:
+                            link_free, h, lk0, h0, m_link = overlap.fetch(
+                                t_r, link_free, s_fetch_nvme if nvme else s_fetch_ram, s_vram, h, lk0, h0, m_link)
+                        else:
+                            if not step_pin:
+                                copy_end = now
+                            now, link_free, copy_end, stall = sync_fetch(
+                                now, link_free, copy_end, stall, s_fetch_nvme if nvme else s_fetch_ram, s_vram)
+                    if prefetching and pf[o] == PF_LANDED:
+                        pf[o] = PF_NONE  # evicted before use, fetched again
+                    if admits:
+                        if engine:  # --step-pin or --max-uploads
+                            v, n_up = admit_engine(insert, pin_mode, prm, pool, o, tick, step, n_up, max_up, step_pin,
+                                                   ob, fo, po, heap, spin, tok_counts, layer_counts, t, l, counting)
+                        else:
+                            v = insert(ob, fo, po, heap, prm, pool, o, tick)
+                        if v >= 0:
+                            n_evict += 1
+                            if timed:
+                                link_free = max(t_r if ov else now, link_free) + s_writeback
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_FETCH
+                    continue
+                if action == miss.LOWBIT:
+                    if not step_pin:
+                        copy_end = now
+                    now, link_free, copy_end, stall = lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost,
+                                                                   timed, tiered, ram, copies, beta, ob, fo, po,
+                                                                   queue, queue_t, qhl, tok_counts, layer_counts, t,
+                                                                   counting)
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_LOWBIT
+                    continue
+                if action == miss.CPU:
+                    ran_cpu = True
+                    tok_counts[CPU, t] += 1
+                    if counting:
+                        layer_counts[l, CPU] += 1
+                    nvme = tiered and from_nvme(o, ram, ob, po)
+                    if nvme:
+                        tok_counts[CPU_NVME, t] += 1
+                        if counting:
+                            layer_counts[l, CPU_NVME] += 1
+                    if timed:
+                        now += s_cpu_nvme if nvme else s_cpu_ram
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_CPU
+                    continue
+                # substituted or dropped: the step loses this expert's gate weight
+                sub = -1
+                if action == miss.SUBSTITUTE:
+                    sub = substitute(hit, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
+                if sub >= 0:
+                    tok_counts[SUBSTITUTIONS, t] += 1
+                    if counting:
+                        layer_counts[l, SUBSTITUTIONS] += 1
+                    if timed:
+                        now += s_vram
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
+                        substituted[t, l, r] = sub - base
+                else:
+                    tok_counts[DROPS, t] += 1
+                    if counting:
+                        layer_counts[l, DROPS] += 1
+                    if record:
+                        outcome[t, l, r] = miss.OUTCOME_DROP
+                smass += row_wm[r]
+                if r == 0:
+                    tok_counts[FIRST_CHOICE_SUBS, t] += 1
+                    if counting:
+                        layer_counts[l, FIRST_CHOICE_SUBS] += 1
+                if copies:
+                    link_free = accumulate(o, l, wr, t_r if ov else now, link_free, cost, timed, tiered, ram, beta,
+                                           ob, fo, po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
+
+            if step_pin:
+                pin.restore(pin_mode, row, base, pool, ob, po, heap, spin)
+            if timed and ran_cpu:
+                now += s_handoff
+            if prefetching:
+                link_free = pfm.issue(policy, steps, setup, state, t, l, t_r, link_free, tiered, timed, tok_counts,
+                                      layer_counts, counting)
+            if ov:
+                now, stall = overlap.finish(ov, now, m_link, s_vram, h, h0, link_free, stall)
+            tmass += smass
+            tk_req += n_req
+            tk_hit += n_hit
+            tk_fetch += n_fetch
+            tk_evict += n_evict
+            tk_admit += n_admit
+            if counting:
+                layer_counts[l, REQUESTS] += n_req
+                layer_counts[l, HITS] += n_hit
+                layer_counts[l, MISSES] += n_req - n_hit
+                layer_counts[l, FETCHES] += n_fetch
+                layer_counts[l, EVICTIONS] += n_evict
+                layer_counts[l, ADMISSIONS] += n_admit
+                layer_mass[l] += smass
+        tok_counts[REQUESTS, t] += tk_req
+        tok_counts[HITS, t] += tk_hit
+        tok_counts[MISSES, t] += tk_req - tk_hit
+        tok_counts[FETCHES, t] += tk_fetch
+        tok_counts[EVICTIONS, t] += tk_evict
+        tok_counts[ADMISSIONS, t] += tk_admit
+        tok_mass[t] = tmass
+        if timed:
+            tok_seconds[t] = now - t_start
+            tok_stall[t] = stall
+    clock[NOW] = now
+    clock[LINK_FREE] = link_free
+    scal[PREV_SEQ] = prev_seq
+    scal[DECAY_BASE] = decay_base
