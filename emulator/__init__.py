@@ -7,6 +7,13 @@ missed one with the missed one's gate weight, a dropped one contributes nothing.
 called from one place, ``emulator.policy``. See docs/emulator.md.
 """
 
-from moesim.emulator.run import EmulationSetup, Emulator, PolicyRun, emulate, load_emulator
-
 __all__ = ["Emulator", "EmulationSetup", "PolicyRun", "emulate", "load_emulator"]
+
+
+def __getattr__(name):
+    # lazily: reading quality results (emulator.quality, by the sweep and the report) must not load the run module
+    if name in __all__:
+        from moesim.emulator import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

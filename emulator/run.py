@@ -19,16 +19,15 @@ from moesim.emulator.layer_routing import Tokens, layer_rows, routing_of, trace_
 from moesim.emulator.lowbit import LowbitExperts
 from moesim.emulator.perplexity import dppl_pct, perplexity, token_nll
 from moesim.errors import MoesimError
+from moesim.policies import miss as miss_mod
 from moesim.policies.miss import OUTCOME_LOWBIT
 from moesim.simulator import SimConfig, SimResult
 
-# miss policies that always run the router's first choice (fetch or compute it): the class in which
-# substituted gate mass predicts the perplexity increase (docs/emulator.md)
-FETCHES_FIRST = ("fetch-all", "threshold", "first-choice", "cpu")
-
 
 def always_fetches_first(config: SimConfig) -> bool:
-    return config.miss_name in FETCHES_FIRST
+    """The miss policy always runs the router's first choice (fetch or compute it): the class in which
+    substituted gate mass predicts the perplexity increase (docs/emulator.md)."""
+    return miss_mod.get(config.miss_name).keeps_first
 
 
 @dataclass

@@ -60,8 +60,8 @@ def module_file(name: str) -> Path | None:
         spec = importlib.util.find_spec(top)  # imports only the parent, moesim
         if spec is None:
             return None
-        if spec.submodule_search_locations is None:
-            return Path(spec.origin) if spec.origin else None
+        if spec.submodule_search_locations is None:  # a module: moesim.errors is one, moesim.errors.X a name in it
+            return Path(spec.origin) if spec.origin and len(parts) == 2 else None
         dirs = list(spec.submodule_search_locations)
     base = Path(dirs[0]).joinpath(*parts[2:])
     for f in (base.with_suffix(".py"), base / "__init__.py"):
@@ -87,7 +87,9 @@ class _Normalize(ast.NodeTransformer):
 
 
 def _parse(path: Path) -> tuple[str, tuple[str, ...], bool]:
-    """(hash of the normalized source, moesim modules imported, whether it holds jitted code) of one file."""
+    """(hash of the normalized source, the moesim names it imports, whether it holds jitted code) of one file. An
+    imported name is ``moesim.a`` or ``moesim.a.b`` for ``from moesim.a import b`` (a module, or a name of
+    moesim.a: ``_imported`` tells)."""
     text = path.read_bytes()
     tree = ast.parse(text)
     imports: list[str] = []
@@ -95,14 +97,17 @@ def _parse(path: Path) -> tuple[str, tuple[str, ...], bool]:
         if isinstance(node, ast.Import):
             imports += [a.name for a in node.names if a.name.split(".")[0] == "moesim"]
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "moesim":
-            for a in node.names:  # ``from moesim.a import b``: b is a module or a name of moesim.a
-                sub = f"{node.module}.{a.name}"
-                imports.append(sub if module_file(sub) is not None else node.module)
+            imports += [f"{node.module}.{a.name}" for a in node.names]
     digest = hashlib.blake2b(ast.dump(_Normalize().visit(tree)).encode(), digest_size=8).hexdigest()
     return digest, tuple(dict.fromkeys(imports)), b"numba" in text or b"cached_njit" in text
 
 
-_MEMO_NAME = "sources.json"  # normalized-source hashes by (path, size, mtime): parsing costs ~20 ms a file
+def _imported(name: str) -> str:
+    """The module an imported name is: itself when it is a module, else the module it is a name of."""
+    return name if module_file(name) is not None else name.rsplit(".", 1)[0]
+
+
+_MEMO_NAME = "sources-v2.json"  # normalized-source hashes by (path, size, mtime): parsing costs ~20 ms a file
 
 
 @functools.cache
@@ -132,25 +137,31 @@ def _parsed(path: Path) -> tuple[str, tuple[str, ...], bool]:
     return entry[1], tuple(entry[2]), bool(entry[3])
 
 
-def component_hash(modules: Iterable[str]) -> str:
-    """Hash of the normalized sources of ``modules`` and of the moesim modules they import: transitively
-    through modules that hold jitted code (what they compile), one level into the others (their constants)."""
+def component_modules(modules: Iterable[str]) -> dict[str, str]:
+    """The moesim modules a component's compiled code depends on, with their normalized-source hashes: ``modules``
+    and what they import, transitively through modules that hold jitted code (what they compile), one level into
+    the others (their constants)."""
+    roots = set(modules)
     seen: dict[str, str] = {}
-    todo = list(modules)
+    todo = list(roots)
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or name == __name__:  # this module compiles nothing itself
             continue
         f = module_file(name)
         if f is None:
             continue
         digest, imports, jit = _parsed(f)
         seen[name] = digest
-        if jit or len(seen) <= len(set(modules)):
-            todo += [m for m in imports if m not in seen]
+        if jit or name in roots:
+            todo += [_imported(m) for m in imports]
+    return seen
+
+
+def component_hash(modules: Iterable[str]) -> str:
     h = hashlib.blake2b(digest_size=8)
-    for name in sorted(seen):
-        h.update(f"{name}:{seen[name]};".encode())
+    for name, digest in sorted(component_modules(modules).items()):
+        h.update(f"{name}:{digest};".encode())
     return h.hexdigest()
 
 

@@ -26,6 +26,7 @@ ghost and p unchanged."""
 import numpy as np
 from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies.structures import CAP, HEAD, LEN, LST, RES, SIZE, TAIL, X0, list_push_front, list_unlink
 
 NAME = "arc"
@@ -63,7 +64,7 @@ def _replace(ob, po, pool, b2_hit):
     return v
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def _hit(ob, po, pool, o):
     if ob[o, LST] == T1:
         list_unlink(ob, po, pool, o, T1)
@@ -74,7 +75,7 @@ def _hit(ob, po, pool, o):
 
 
 # out of line: inlining this body into the kernel doubled its cold compile time
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def _insert(ob, po, prm, pool, o):
     c = po[pool, CAP]
     full = po[pool, SIZE] >= c

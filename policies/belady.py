@@ -5,7 +5,7 @@ offline optimum (demand paging: every miss is inserted)."""
 from numba import njit
 
 from moesim.policies import keyheap
-from moesim.traces.derived import NEVER
+from moesim.ticks import NEVER
 
 NAME = "belady"
 LIBCACHESIM = "Belady"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
@@ -15,7 +15,7 @@ USES_NEXT_REQUEST = True  # the kernel keeps each expert's next request tick up 
 
 
 @njit(inline="always")
-def key(next_req, tick):
+def key(prm, next_req, tick):
     """Minus the next request tick (a later request = a lower key = evicted sooner); never requested again:
     below every such key (ticks are below 2^53 < NEVER), the least recently used lowest."""
     return tick - NEVER if next_req == NEVER else -next_req

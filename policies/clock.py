@@ -12,6 +12,7 @@ libCacheSim never sees either (there every miss is inserted)."""
 
 from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies.structures import CAP, CNT, RES, SIZE, TAIL, list_push_front, list_unlink
 
 NAME = "clock"
@@ -30,7 +31,7 @@ def hit(ob, fo, po, heap, prm, pool, o, tick, requested):
 
 
 # out of line: inlining this body into the kernel doubled its cold compile time
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def _insert(ob, po, prm, pool, o):
     v = -1
     if po[pool, SIZE] >= po[pool, CAP]:

@@ -16,7 +16,7 @@ PARAM = Param("half_life", "H", "a positive half-life in tokens", integer=False,
 
 
 @njit(inline="always")
-def priority(count, score, next_req):
+def priority(prm, count, score, next_req):
     return score
 
 

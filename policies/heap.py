@@ -1,6 +1,6 @@
 """Hooks shared by the policies that evict the lowest priority: an indexed 4-ary min-heap per pool
 on (priority, last-use tick), so ties always go to the least recently used. A heap policy's module
-defines ``priority(count, score, next_req)`` and takes its hooks from ``hooks(priority)``.
+defines ``priority(prm, count, score, next_req)`` and takes its hooks from ``hooks(priority)``.
 
 ``count`` is the expert's requests while cached (1 on insertion, +1 per request hit, reset on
 eviction), ``score`` its decayed router-request score (kept only for USES_SCORE policies) and
@@ -33,7 +33,7 @@ def hooks(priority):
     def hit(ob, fo, po, heap, prm, pool, o, tick, requested):
         if requested:
             ob[o, CNT] += 1
-        heap_rekey(ob, po, heap, pool, ob[o, HPOS], priority(ob[o, CNT], fo[o, SCORE], fo[o, NREQ]), tick)
+        heap_rekey(ob, po, heap, pool, ob[o, HPOS], priority(prm, ob[o, CNT], fo[o, SCORE], fo[o, NREQ]), tick)
 
     @njit(inline="always")
     def insert(ob, fo, po, heap, prm, pool, o, tick):
@@ -49,7 +49,7 @@ def hooks(priority):
         else:
             j = base + po[pool, HSIZE]
             po[pool, HSIZE] += 1
-        heap_sift(ob, heap, base, base + po[pool, HSIZE], j, priority(1, fo[o, SCORE], fo[o, NREQ]), tick, o)
+        heap_sift(ob, heap, base, base + po[pool, HSIZE], j, priority(prm, 1, fo[o, SCORE], fo[o, NREQ]), tick, o)
         if full:
             ob[v, RES] = 0
             ob[v, CNT] = 0
@@ -62,6 +62,6 @@ def hooks(priority):
         """Recompute a resident expert's priority in place (after all scores were rescaled by a
         common factor, which keeps the heap order)."""
         if ob[o, HPOS] >= 0:
-            heap[po[pool, HBASE] + ob[o, HPOS], HK1] = priority(ob[o, CNT], fo[o, SCORE], fo[o, NREQ])
+            heap[po[pool, HBASE] + ob[o, HPOS], HK1] = priority(prm, ob[o, CNT], fo[o, SCORE], fo[o, NREQ])
 
     return hit, insert, rekey

@@ -5,7 +5,7 @@ one request; an expert never requested again ranks below every other, the least 
 The same indexed 4-ary min-heap per pool as policies/heap.py, in the same rows of the heap array, but
 each row viewed as int64 (key, last-use tick, object): a sift compares one integer a level instead of
 a (priority, tick) pair of floats, and moves no float-to-int conversions. A keyed policy writes
-``key(next_req, tick)`` and takes ``hit, insert = keyheap.hooks(key)``; a use moves the expert only the
+``key(prm, next_req, tick)`` and takes ``hit, insert = keyheap.hooks(key)``; a use moves the expert only the
 way its key moved.
 
 --step-pin (simulator/step_pin.py) gives a pinned expert the key PINNED + its last-use tick, above every
@@ -16,6 +16,7 @@ unpinned key, so the pinned keep least-recently-used order among themselves as t
 import numpy as np
 from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies.structures import CAP, HBASE, HK1, HK2, HOBJ, HPOS, HSIZE, NREQ, RES, SIZE
 
 KEY, TICK, OBJ = HK1, HK2, HOBJ  # a row's columns, read as int64
@@ -87,7 +88,7 @@ def _down(h, ob, base, end, j, key):
     return j
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def _set_key_called(ob, po, heap, pool, o, key, tick):
     """set_key called, not inlined: a use that keeps or raises a key is rare (Belady: a substitute run of
     an expert never requested again), and the sift-down it needs, inlined in the kernel's hit path,
@@ -114,7 +115,7 @@ def hooks(key):
 
     @njit(inline="always")
     def hit(ob, fo, po, heap, prm, pool, o, tick, requested):
-        k = key(np.int64(fo[o, NREQ]), tick)
+        k = key(prm, np.int64(fo[o, NREQ]), tick)
         h = heap.view(np.int64)
         base = po[pool, HBASE]
         j = base + ob[o, HPOS]
@@ -127,7 +128,7 @@ def hooks(key):
     def insert(ob, fo, po, heap, prm, pool, o, tick):
         h = heap.view(np.int64)
         base = po[pool, HBASE]
-        k = key(np.int64(fo[o, NREQ]), tick)
+        k = key(prm, np.int64(fo[o, NREQ]), tick)
         ob[o, RES] = 1
         v = -1
         if po[pool, SIZE] >= po[pool, CAP]:  # o takes the root's place (the victim), then sinks

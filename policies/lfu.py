@@ -15,7 +15,7 @@ IN_DEFAULT_GRID = True
 
 
 @njit(inline="always")
-def priority(count, score, next_req):
+def priority(prm, count, score, next_req):
     return float(count)
 
 

@@ -29,17 +29,23 @@ class PrefetchPolicy:
     name: str
     code: int
     doc: str
+    predicts: str  # what it predicts for step (t, l + D), as docs/replay-semantics.md's table says
 
 
 PREFETCH_POLICIES: dict[str, PrefetchPolicy] = {p.name: p for p in (
-    PrefetchPolicy("none", NONE, "no prefetch"),
+    PrefetchPolicy("none", NONE, "no prefetch", "nothing"),
     PrefetchPolicy("prev-token", PREV_TOKEN, "the experts the previous token (same sequence) selected at the "
-                   "target layer"),
+                   "target layer", "the experts token t - 1 selected at layer l + D, in rank order (nothing at a "
+                   "sequence's first token)"),
     PrefetchPolicy("next-layer", NEXT_LAYER, "the target layer's experts most often selected together with this "
-                   "layer's experts (transition counts layer l -> l+D from a training prefix or --prefetch-train)"),
+                   "layer's experts (transition counts layer l -> l+D from a training prefix or --prefetch-train)",
+                   "the k experts of layer l + D with the largest summed transition counts from the experts "
+                   "selected at (t, l) (equal sums: lower id)"),
     PrefetchPolicy("lookahead", LOOKAHEAD, "layer l+1's router applied to layer l's hidden state (the trace's "
-                   "lookahead column; depth 1)"),
-    PrefetchPolicy("oracle", ORACLE, "the experts the target layer really selects (the upper bound)"),
+                   "lookahead column; depth 1)", "the trace's `lookahead` column at (t, l): layer l+1's router "
+                   "applied to layer l's hidden state (D must be 1)"),
+    PrefetchPolicy("oracle", ORACLE, "the experts the target layer really selects (the upper bound)",
+                   "the experts (t, l + D) really selects, in rank order: the upper bound"),
 )}
 
 

@@ -10,9 +10,9 @@ moesim.policies.doc); docs/extending.md is the recipe. A module is an eviction p
   policies/structures.py): ``hit(ob, fo, po, heap, prm, pool, o, tick, requested)`` when resident ``o``
   is used (a request hit when ``requested``, else a run as a substitute) and ``insert(ob, fo, po, heap,
   prm, pool, o, tick)`` making ``o`` resident (returns the victim, -1 when nothing left the pool,
-  NOT_ADMITTED when the policy refuses ``o``); a heap policy writes ``priority(count, score, next_req)``
+  NOT_ADMITTED when the policy refuses ``o``); a heap policy writes ``priority(prm, count, score, next_req)``
   and takes ``hit, insert, rekey = heap.hooks(priority)`` (policies/heap.py); a policy whose order is one
-  int64 key unique among a pool's residents writes ``key(next_req, tick)`` and takes ``hit, insert =
+  int64 key unique among a pool's residents writes ``key(prm, next_req, tick)`` and takes ``hit, insert =
   keyheap.hooks(key)`` (policies/keyheap.py: single-compare sifts);
 - or ``pinned(counts, slots, allocation)``: a fixed set resident from the start, never evicted, and
   nothing admitted (static placements).
@@ -44,10 +44,11 @@ import numpy as np
 
 from moesim.errors import MoesimError
 from moesim.policies import hooks as hooks_mod
-from moesim.policies import lists
+from moesim.policies import kinds, lists
 from moesim.policies.params import Param
 
-N_PRM = 4  # width of the kernel's per-policy parameter vector
+N_PRM = kinds.N_OWN  # parameters a policy may have (the kernels' vector also holds its structure kind)
+GENERIC = "generic"  # the hook set of every structure kind (policies/kinds.py)
 # --step-pin's modes (simulator/step_pin.py MODE_*): how a policy keeps the step's experts
 PIN_NONE, PIN_LIST, PIN_HEAP, PIN_FIXED, PIN_KEYHEAP = range(5)
 
@@ -82,9 +83,30 @@ class Eviction:
         return PIN_LIST if getattr(self.module, "insert", None) is lists.insert_front else PIN_NONE
 
     @property
+    def structure(self) -> tuple[int, int]:
+        """(kind, variant) of policies/kinds.py: which shared structure keeps the policy's order and which rule
+        of it (list: moves on a hit; heap: its priority; keyed heap: its key), or KIND_CUSTOM."""
+        if self.pinned:
+            return kinds.KIND_PINNED, 0
+        if self.kind == "heap":
+            return kinds.KIND_HEAP, [e.name for e in EVICTIONS if e.kind == "heap"].index(self.name)
+        if self.kind == "keyheap":
+            return kinds.KIND_KEYHEAP, [e.name for e in EVICTIONS if e.kind == "keyheap"].index(self.name)
+        m = self.module
+        if m.insert is lists.insert_front and m.hit in (lists.move_to_front, lists.stay) \
+                and not (self.uses_score or self.uses_next_request):
+            return kinds.KIND_LIST, int(m.hit is lists.move_to_front)
+        return kinds.KIND_CUSTOM, 0
+
+    @property
     def hook_set(self) -> str:
-        """The name the kernels compiled for this policy's hooks go by (pinned placements share one)."""
+        """The name the kernels compiled for this policy's own hooks go by (pinned placements share one)."""
         return "pinned" if self.pinned else self.name
+
+    @property
+    def ext_hook_set(self) -> str:
+        """The hook set of its ext kernel: the structure kinds share one (GENERIC), a custom policy has its own."""
+        return self.name if self.structure[0] == kinds.KIND_CUSTOM else GENERIC
 
     def hooks(self) -> hooks_mod.Hooks:
         """The policy's inlinable hooks (no-ops for a pinned placement)."""
@@ -97,11 +119,6 @@ class Eviction:
         """The modules the hooks' compiled code comes from (for numba's cache per component)."""
         return ("moesim.policies.hooks",) if self.pinned else (self.module.__name__,)
 
-    def compiled_hooks(self) -> hooks_mod.Hooks:
-        """The hooks compiled as functions of their own, for kernels that call them through function pointers
-        (compiled or loaded once per process)."""
-        return _compiled(self.hook_set)
-
     @property
     def spec(self) -> str:
         """How a user writes it: ``freq[:H]``."""
@@ -112,7 +129,7 @@ class Eviction:
         vals += [v for _, v in self.fixed]
         if len(vals) > N_PRM:
             raise MoesimError(f"eviction {self.name} has {len(vals)} parameters; the kernel takes {N_PRM}")
-        return np.array(vals + [0.0] * (N_PRM - len(vals)), np.float64)
+        return np.array(vals + [0.0] * (N_PRM - len(vals)) + [float(x) for x in self.structure], np.float64)
 
 
 def _discover() -> tuple[Eviction, ...]:
@@ -143,8 +160,32 @@ EVICTIONS: tuple[Eviction, ...] = _discover()
 BY_NAME: dict[str, Eviction] = {e.name: e for e in EVICTIONS}
 
 
+def generic_hooks() -> hooks_mod.Hooks:
+    """The structure kinds' hooks (policies/kinds.py), over every heap and keyed heap policy's rule."""
+    return _generic()
+
+
+def generic_modules() -> tuple[str, ...]:
+    """What the structure kinds' compiled hooks are made of (numba's cache per component)."""
+    return ("moesim.policies.kinds",) + tuple(e.module.__name__ for e in EVICTIONS if e.kind in ("heap", "keyheap"))
+
+
+@functools.cache
+def _generic() -> hooks_mod.Hooks:
+    return kinds.generic_hooks([e.module.priority for e in EVICTIONS if e.kind == "heap"],
+                               [e.module.key for e in EVICTIONS if e.kind == "keyheap"])
+
+
+def compiled_hooks(hook_set: str) -> hooks_mod.Hooks:
+    """A hook set's hooks compiled as functions of their own (kernels call them through function pointers, or
+    directly on their rarer paths), compiled or loaded once per process."""
+    return _compiled(hook_set)
+
+
 @functools.cache
 def _compiled(hook_set: str) -> hooks_mod.Hooks:
+    if hook_set == GENERIC:
+        return hooks_mod.compiled(GENERIC, generic_hooks(), generic_modules())
     ev = next(e for e in EVICTIONS if e.hook_set == hook_set)
     return hooks_mod.compiled(hook_set.replace("-", "_"), ev.hooks(), ev.hook_modules)
 

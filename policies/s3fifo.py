@@ -28,6 +28,7 @@ fetched (substituted, dropped, on the CPU) leaves the ghost in place."""
 
 from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies.hooks import NOT_ADMITTED
 from moesim.policies.structures import CAP, CNT, LEN, LST, RES, SIZE, TAIL, X0, list_push_front, list_unlink
 
@@ -82,7 +83,7 @@ def _evict(ob, po, prm, pool, small_cap):
 
 
 # out of line: inlining this body into the kernel doubled its cold compile time
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def _insert(ob, po, prm, pool, o):
     small_cap = int(po[pool, CAP] * prm[SMALL_RATIO])
     ghost_hit = ob[o, LST] == G

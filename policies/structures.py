@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from moesim.jitcache import cached_njit
+
 # objs columns (int32: a row is 40 bytes, so the objects of a few layers stay in the L1 cache): list
 # links, heap position, policy counter (LFU count, S3-FIFO frequency, visited/reference bits), resident,
 # copy queued, host-RAM tier links and resident flag, and the id (0..3) of the pool list the object is
@@ -178,7 +180,7 @@ def heap_rekey(ob, po, heap, pool, i, k1, k2):
     heap_sift(ob, heap, base, base + po[pool, HSIZE], base + i, k1, k2, heap[base + i, HOBJ])
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def heap_rekey_called(ob, po, heap, pool, i, k1, k2):
     """heap_rekey called, not inlined, where it is rare (--step-pin's priority changes): one compiled sift
     instead of one per call site."""

@@ -56,7 +56,7 @@ class Steps(NamedTuple):
 
 class Policy(NamedTuple):
     evict: int             # eviction code (policies/registry.py)
-    prm: np.ndarray        # [registry.N_PRM] float64: the eviction's parameters
+    prm: np.ndarray        # [kinds.N_PRM] float64: the eviction's parameters, then its structure kind and variant
     miss: int              # miss policy code (policies/miss.py)
     theta: float           # threshold:θ
     beta: float            # background admission threshold (0: none)
@@ -276,15 +276,21 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
 
 
 def variant_of(config: SimConfig, cost: Any, record: bool = False, generic: bool = False) -> Variant:
-    """The kernel a replay of ``config`` (priced by ``cost`` or not; with a decision record or not) runs."""
-    return variant(config.eviction_name, needs_ext(config, cost), lean=cost is None and not record, generic=generic)
+    """The kernel a replay of ``config`` (priced by ``cost`` or not; with a decision record or not) runs;
+    ``generic``: the kernel a sweep runs it on (ext at least)."""
+    return variant(config.eviction_name, family_of(config, cost, record, generic))
 
 
-def needs_ext(config: SimConfig, cost: Any) -> bool:
-    """Whether the replay runs the ext kernel (the engine features and the miss policies other than
-    fetch-all); the plain kernels fetch every miss."""
-    return (config.miss_name != "fetch-all" or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE
-            or config.prefetch != "none" or config.step_pin or bool(config.max_uploads) or bool(config.lowbit_share))
+def family_of(config: SimConfig, cost: Any, record: bool = False, generic: bool = False) -> str:
+    """The kernel family (simulator/kernels.py FAMILIES) a replay needs: engine for --step-pin, --max-uploads
+    and the low-bit paths; ext for any other miss policy than fetch-all, prefetch or an overlapped clock; else
+    lean (no clock, no host-RAM tier, no decision record) or plain."""
+    if config.step_pin or config.max_uploads or config.lowbit_share or miss_mod.miss_quant(config.miss):
+        return "engine"
+    if generic or config.miss_name != "fetch-all" or config.prefetch != "none" \
+            or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE:
+        return "ext"
+    return "lean" if cost is None and not record else "plain"
 
 
 def overlap_of(config: SimConfig, cost: Any) -> int:
@@ -332,6 +338,5 @@ def tiny_args(eviction: str, family: str) -> KernelArgs:
     under ``eviction``: the smallest problem with the real argument types, to compile a kernel with."""
     from moesim.simulator.driver import tiny_routing
 
-    ext = family == "ext"
-    config = SimConfig(eviction=eviction, slots=1, max_uploads=1 if ext else None)
+    config = SimConfig(eviction=eviction, slots=1, max_uploads=1 if family in ("ext", "engine") else None)
     return build(tiny_routing(), config, record=False).args

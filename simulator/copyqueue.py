@@ -4,6 +4,7 @@ complete (docs/replay-semantics.md: "Background admission", "Prefetch")."""
 
 from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies.hooks import NOT_ADMITTED
 from moesim.policies.structures import ACC, QUEUED, RES
 from moesim.simulator.counters import COPIES, COPIES_NVME, S_COPY_NVME, S_COPY_RAM
@@ -11,7 +12,7 @@ from moesim.simulator.host_ram import from_nvme
 from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE, PF_STALE
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def enqueue(o, l, done, ob, queue, queue_t, qhl):
     """Queue a background copy of o (layer l) that completes at ``done``."""
     E = queue.shape[1]
@@ -32,7 +33,7 @@ def queue_copy(o, l, nvme, now, link_free, cost, timed, ob, queue, queue_t, qhl)
     return link_free
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue, queue_t, qhl, tok_counts,
                layer_counts, t, counting):
     """Queue a background copy of o (its accumulator reached beta): it occupies the link after what is queued
@@ -49,7 +50,7 @@ def start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue
     return queue_copy(o, l, nvme, now, link_free, cost, timed, ob, queue, queue_t, qhl)
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def land(insert, prm, pool, l, tick0, now, link_free, s_writeback, ob, fo, po, heap, queue, queue_t, qhl, pf):
     """Admit layer l's background copies and prefetches that completed by ``now`` (in queue order, at the
     step's first ticks) through the policy's insert hook. Returns (admissions, evictions, when the link

@@ -3,10 +3,11 @@ table, list links RPRV/RNXT, resident flag RRES), for engines whose experts do n
 
 from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies.structures import CAP, HEAD, RNXT, RPRV, RRES, SIZE, TAIL
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def from_nvme(o, ram, ob, po):
     """Read o from host memory: True when it must first come from NVMe (a host-RAM tier miss, which then
     caches it, evicting the least recently used)."""

@@ -1,8 +1,9 @@
 """The ext replay: every miss policy, background admission, prefetch, the overlapped clock, the engine's
-step semantics (--step-pin, --max-uploads), the low-bit tier and the step seam. Compiled once for every
-eviction policy (simulator/kernels.py): the policy's hooks arrive as function pointers (``hit``,
-``insert``, ``rekey``: policies/hooks.py ``compiled``) and its flags in the policy group, so adding a
-policy or a feature compiles this kernel once, not once per policy.
+step semantics (--step-pin, --max-uploads), the low-bit tier and the step seam. A template that
+simulator/kernels.py compiles per eviction policy: the policy's hooks are inlined where requests hit and
+fetch (HIT, INSERT), and arrive as function pointers too (``hit``, ``insert``, ``rekey``: policies/hooks.py
+``compiled``) for the rarer paths (simulator/miss_paths.py, copyqueue.py, prefetch.py, step_pin.py), which
+are compiled once for every policy. So the part compiled per policy is this loop and nothing else.
 
 Each step's selection is copied into the state's step row (State.row, row_w, row_wm) before its requests
 are handled: the seam where a step policy may rewrite which experts the step runs and their weights.
@@ -10,6 +11,8 @@ are handled: the seam where a step policy may rewrite which experts the step run
 The semantics are docs/replay-semantics.md's; tests/reference_replay.py is the slow reference this
 kernel matches count for count, second for second.
 """
+
+from typing import Any
 
 import numpy as np
 
@@ -22,19 +25,14 @@ from moesim.simulator import step_pin as pin
 from moesim.simulator.copyqueue import land
 from moesim.simulator.counters import (
     ADMISSIONS,
-    CPU,
-    CPU_NVME,
     DECAY_BASE,
-    DROPS,
     EVICTIONS,
     FETCHES,
     FETCHES_NVME,
-    FIRST_CHOICE_SUBS,
     HITS,
     LINK_FREE,
     MISSES,
     NOW,
-    PREFETCH_LATE,
     PREFETCH_USED,
     PREV_SEQ,
     REQUESTS,
@@ -48,21 +46,18 @@ from moesim.simulator.counters import (
     S_FETCH_RAM,
     S_LOWBIT_VRAM,
     S_WRITEBACK,
-    SUBSTITUTIONS,
 )
 from moesim.simulator.host_ram import from_nvme
-from moesim.simulator.miss_paths import (
-    accumulate,
-    admit_engine,
-    lowbit_fetch,
-    pinned_hits,
-    substitute,
-    sync_fetch,
-    tier_run,
-)
+from moesim.simulator.miss_paths import admit_engine, cpu_run, lose, lowbit_fetch, pinned_hits, sync_fetch, tier_run
 from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE
 from moesim.simulator.prefetch_state import reset as pf_reset
 from moesim.simulator.reset import clocked, first_ticks, reset_state
+
+# Bound per specialization (simulator/kernels.py): the inlinable hooks, of a custom policy or of every structure
+# kind (policies/kinds.py). The template is never compiled itself.
+HIT: Any = None
+INSERT: Any = None
+ENGINE = True  # the engine family: --step-pin, --max-uploads and the low-bit paths compiled in (else left out)
 
 
 def replay(steps, policy, setup, state, out, hit, insert, rekey):
@@ -85,10 +80,9 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
     pool_of_layer, cost, lowbit_res = setup.pool_of_layer, setup.cost, setup.lowbit_res
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
-    uses_next, uses_score, admits, pin_mode = policy.uses_next, policy.uses_score, policy.admits, policy.pin_mode
-    step_pin = policy.step_pin
+    step_pin = policy.step_pin if ENGINE else False
     max_up = policy.max_uploads
-    engine = step_pin or max_up > 0
+    engine = (step_pin or max_up > 0) if ENGINE else False
     tier = False  # a low-bit tier (--lowbit-share): misses with a resident low-bit copy run it
     for o in range(lowbit_res.shape[0]):
         if lowbit_res[o]:
@@ -100,6 +94,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
     ram = po.shape[0] - 1
     tiered = po[ram, CAP] >= 0  # a host-RAM tier smaller than the experts: reads may come from NVMe
     record = outcome.shape[0] > 0
+    uses_next, uses_score, admits, pin_mode = policy.uses_next, policy.uses_score, policy.admits, policy.pin_mode
     half_life = prm[0] if uses_score else 0.0
     timed = clocked(cost)  # without a cost model every time is zero: the clock arithmetic is skipped
     if t0 == 0:
@@ -117,7 +112,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
     prefetching = policy.prefetch != pfp.NONE and admits  # pinned evictions never admit: nothing to prefetch
     pf = state.pf
     t_r = h = h0 = lk0 = 0.0
-    m_link = 0
+    m_link = np.int64(0)  # not a literal 0 (see n_up)
     now = clock[NOW]
     link_free = clock[LINK_FREE]
     prev_seq = scal[PREV_SEQ]
@@ -166,7 +161,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
             if ov:
                 h = h0 = overlap.NEG
                 lk0 = now
-                m_link = 0
+                m_link = np.int64(0)
             if qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
                 n_admit, n_evict, link_free = land(insert, prm, pool, l, tick0, now, link_free, s_writeback, ob,
                                                    fo, po, heap, queue, queue_t, qhl, pf)
@@ -178,7 +173,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 for r in range(k):
                     if row[r] >= 0:
                         fo[base + row[r], MARK] = step
-            if step_pin:  # the step's hits first (in rank order), then its misses below
+            if ENGINE and step_pin:  # the step's hits first (in rank order), then its misses below
                 pin.mark(row, base, step, spin)
                 n_hit, now = pinned_hits(hit, prm, pool, row, next_req, t, l, base, tick0 + E, uses_next, uses_score,
                                          inc, timed, s_vram, now, record, ob, fo, po, heap, outcome)
@@ -201,7 +196,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 n_req += 1
                 if ob[o, RES] != 0:
                     n_hit += 1
-                    hit(ob, fo, po, heap, prm, pool, o, tick, True)
+                    HIT(ob, fo, po, heap, prm, pool, o, tick, True)
                     if timed:
                         now += s_vram
                     if prefetching and pf[o] == PF_LANDED:
@@ -212,35 +207,18 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_HIT
                     continue
-                if prefetching and pf[o] == PF_INFLIGHT:
-                    # its prefetch is still in flight: wait for it (a hit, late), no second copy
+                if prefetching and pf[o] == PF_INFLIGHT:  # its prefetch is still in flight: wait for it
                     n_hit += 1
-                    tok_counts[PREFETCH_USED, t] += 1
-                    if counting:
-                        layer_counts[l, PREFETCH_USED] += 1
-                    done = state.pf_t[o]
-                    asked = t_r if ov else now
-                    if done > asked:
-                        tok_counts[PREFETCH_LATE, t] += 1
-                        if counting:
-                            layer_counts[l, PREFETCH_LATE] += 1
-                    if timed:
-                        if ov:
-                            h = max(h, done) + s_vram
-                            m_link += 1
-                        else:
-                            stall += max(done, now) - now
-                            now = max(done, now) + s_vram
-                    if pfm.serve_late(insert, prm, pool, o, tick, ob, fo, po, heap, pf) >= 0:
-                        n_evict += 1
-                        if timed:
-                            link_free = max(t_r if ov else now, link_free) + s_writeback
+                    v, now, h, m_link, stall, link_free = pfm.late_hit(
+                        insert, prm, pool, o, tick, t, l, t_r, ov, now, h, m_link, stall, link_free, timed, s_vram,
+                        s_writeback, ob, fo, po, heap, state.pf, state.pf_t, tok_counts, layer_counts, counting)
+                    n_evict += v
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_HIT
                     continue
                 wr = row_w[r]
                 action = miss.decide(miss_code, r, wr, theta)
-                if tier and lowbit_res[o]:
+                if ENGINE and tier and lowbit_res[o]:
                     if timed:
                         now += s_lowbit_vram
                     link_free = tier_run(o, l, wr, t_r if ov else now, link_free, cost, timed, tiered, ram, copies,
@@ -267,11 +245,11 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                     if prefetching and pf[o] == PF_LANDED:
                         pf[o] = PF_NONE  # evicted before use, fetched again
                     if admits:
-                        if engine:  # --step-pin or --max-uploads
+                        if ENGINE and engine:  # --step-pin or --max-uploads
                             v, n_up = admit_engine(insert, pin_mode, prm, pool, o, tick, step, n_up, max_up, step_pin,
                                                    ob, fo, po, heap, spin, tok_counts, layer_counts, t, l, counting)
                         else:
-                            v = insert(ob, fo, po, heap, prm, pool, o, tick)
+                            v = INSERT(ob, fo, po, heap, prm, pool, o, tick)
                         if v >= 0:
                             n_evict += 1
                             if timed:
@@ -279,7 +257,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_FETCH
                     continue
-                if action == miss.LOWBIT:
+                if ENGINE and action == miss.LOWBIT:
                     if not step_pin:
                         copy_end = now
                     now, link_free, copy_end, stall = lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost,
@@ -291,48 +269,19 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                     continue
                 if action == miss.CPU:
                     ran_cpu = True
-                    tok_counts[CPU, t] += 1
-                    if counting:
-                        layer_counts[l, CPU] += 1
-                    nvme = tiered and from_nvme(o, ram, ob, po)
-                    if nvme:
-                        tok_counts[CPU_NVME, t] += 1
-                        if counting:
-                            layer_counts[l, CPU_NVME] += 1
-                    if timed:
-                        now += s_cpu_nvme if nvme else s_cpu_ram
+                    now = cpu_run(o, l, t, now, timed, tiered, ram, s_cpu_ram, s_cpu_nvme, ob, po, tok_counts,
+                                  layer_counts, counting)
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_CPU
                     continue
                 # substituted or dropped: the step loses this expert's gate weight
-                sub = -1
-                if action == miss.SUBSTITUTE:
-                    sub = substitute(hit, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
-                if sub >= 0:
-                    tok_counts[SUBSTITUTIONS, t] += 1
-                    if counting:
-                        layer_counts[l, SUBSTITUTIONS] += 1
-                    if timed:
-                        now += s_vram
-                    if record:
-                        outcome[t, l, r] = miss.OUTCOME_SUBSTITUTE
-                        substituted[t, l, r] = sub - base
-                else:
-                    tok_counts[DROPS, t] += 1
-                    if counting:
-                        layer_counts[l, DROPS] += 1
-                    if record:
-                        outcome[t, l, r] = miss.OUTCOME_DROP
-                smass += row_wm[r]
-                if r == 0:
-                    tok_counts[FIRST_CHOICE_SUBS, t] += 1
-                    if counting:
-                        layer_counts[l, FIRST_CHOICE_SUBS] += 1
-                if copies:
-                    link_free = accumulate(o, l, wr, t_r if ov else now, link_free, cost, timed, tiered, ram, beta,
-                                           ob, fo, po, queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
+                lost, now, link_free = lose(hit, action, r, o, wr, row_wm[r], prm, pool, cand, t, l, base, step, tick,
+                                            t_r, ov, now, link_free, cost, timed, tiered, ram, copies, beta, ob, fo,
+                                            po, heap, queue, queue_t, qhl, tok_counts, layer_counts, counting, record,
+                                            outcome, substituted)
+                smass += lost
 
-            if step_pin:
+            if ENGINE and step_pin:
                 pin.restore(pin_mode, row, base, pool, ob, po, heap, spin)
             if timed and ran_cpu:
                 now += s_handoff

@@ -3,11 +3,16 @@
 - ``lean`` and ``plain`` (simulator/kernel_plain.py): fetch-all without engine features, compiled per
   eviction policy with its hooks inlined where requests are handled (``lean`` also without a clock, a
   host-RAM tier or a decision record: the loop with the fewest live values, the replay benchmark's).
-- ``ext`` (simulator/kernel_ext.py): every miss policy and engine feature, compiled once for all
-  policies; a policy's hooks arrive as function pointers (policies/hooks.py ``compiled``).
+- ``ext`` and ``engine`` (simulator/kernel_ext.py): every miss policy, admission, prefetch and the overlapped
+  clock; ``engine`` also --step-pin, --max-uploads and the low-bit paths. One kernel serves every policy
+  kept in a shared structure (lists, heaps, keyed heaps; pinned placements: policies/kinds.py), each
+  structure inlined where requests hit and fetch; a custom policy (arc, s3fifo, sieve, clock, ...) gets an
+  ext kernel of its own with its hooks inlined. The rarer paths are shared by every kernel (compiled once)
+  and take the hooks as function pointers (policies/hooks.py ``compiled``: a call through one costs ~40 ns,
+  so the hot path never does).
 
-Sweeps run every config on the ext kernel (``generic=True``): one compile serves the whole grid. Each
-kernel and each policy's compiled hooks are cached on disk in their component's directory
+Sweeps run every config on the ext kernels (``generic=True``): the default grid needs one kernel.
+Each kernel and each policy's compiled hooks are cached on disk in their component's directory
 (moesim/jitcache.py) and load in well under a second afterwards.
 """
 
@@ -22,7 +27,7 @@ from moesim.policies import registry
 from moesim.policies.hooks import HIT_T, INSERT_T, REKEY_T
 from moesim.simulator import kernel_ext, kernel_plain
 
-FAMILIES = ("lean", "plain", "ext")
+FAMILIES = ("lean", "plain", "ext", "engine")
 
 
 class Variant(NamedTuple):
@@ -34,33 +39,49 @@ class Variant(NamedTuple):
         return "_".join(("replay", self.family, re.sub(r"\W", "_", self.hook_set)))
 
 
-def variant(eviction: str, ext: bool, lean: bool, generic: bool = False) -> Variant:
-    """The kernel a replay of ``eviction`` runs: ext (any engine feature or miss policy but fetch-all, or
-    ``generic``: a sweep's one kernel for every config), else lean (no clock, no host-RAM tier, no decision
-    record) or plain."""
-    return Variant("ext" if ext or generic else ("lean" if lean else "plain"), registry.get(eviction).hook_set)
+def variant(eviction: str, family: str) -> Variant:
+    """The kernel of ``family`` (simulator/args.py family_of) that replays ``eviction``."""
+    ev = registry.get(eviction)
+    return Variant(family, ev.ext_hook_set if family in ("ext", "engine") else ev.hook_set)
+
+
+def every_variant() -> list[Variant]:
+    """Every kernel of every eviction policy (what a test session or a warm-up compiles)."""
+    return list(dict.fromkeys(variant(e.name, f) for e in registry.EVICTIONS for f in FAMILIES))
 
 
 def _policy_of(hook_set: str) -> registry.Eviction:
+    """A policy of the hook set (the first structure kind for the generic one): its arguments type the kernel."""
+    if hook_set == registry.GENERIC:
+        return next(e for e in registry.EVICTIONS if e.ext_hook_set == registry.GENERIC)
     return next(e for e in registry.EVICTIONS if e.hook_set == hook_set)
 
 
 @functools.cache
-def _ext():
-    """The ext kernel, typed with the real argument groups and the hooks' function-pointer types."""
+def _signature():
+    """The ext kernels' signature: the real argument groups, then the hooks' function-pointer types."""
     import numba
 
     from moesim.simulator.args import tiny_args
 
-    groups = tuple(numba.typeof(g) for g in tiny_args("lru", "ext"))
-    return specialize(kernel_ext.replay, "replay_ext", {}, (), sig=numba.types.none(*groups, HIT_T, INSERT_T, REKEY_T),
-                      _nrt=False)
+    return numba.types.none(*(numba.typeof(g) for g in tiny_args("lru", "ext")), HIT_T, INSERT_T, REKEY_T)
+
+
+@functools.cache
+def _ext(v: Variant):
+    if v.hook_set == registry.GENERIC:
+        h, modules = registry.generic_hooks(), registry.generic_modules()
+    else:
+        ev = _policy_of(v.hook_set)
+        h, modules = ev.hooks(), ev.hook_modules
+    return specialize(kernel_ext.replay, v.name, dict(HIT=h.hit, INSERT=h.insert, ENGINE=v.family == "engine"), modules,
+                      sig=_signature(), _nrt=False)
 
 
 @functools.cache
 def _plain(v: Variant):
     ev = _policy_of(v.hook_set)
-    h, called = ev.hooks(), ev.compiled_hooks()
+    h, called = ev.hooks(), registry.compiled_hooks(ev.hook_set)
     bindings = dict(HIT=h.hit, INSERT=h.insert, INSERT_CALL=called.insert, REKEY_CALL=called.rekey,
                     USES_NEXT=ev.uses_next_request, USES_SCORE=ev.uses_score, ADMITS=not ev.pinned,
                     LEAN=v.family == "lean")
@@ -88,15 +109,15 @@ def run(v: Variant, args, check: bool = True) -> None:
     """Run the kernel of ``v`` on a replay's arguments (simulator/args.py KernelArgs)."""
     if check and v not in _ready:
         ensure((v,))
-    if v.family == "ext":
-        _ext()(*args, *_policy_of(v.hook_set).compiled_hooks())
+    if v.family in ("ext", "engine"):
+        _ext(v)(*args, *registry.compiled_hooks(v.hook_set))
     else:
         _plain(v)(*args)
 
 
 def kernel(v: Variant):
     """A callable running the kernel of ``v`` on a replay's arguments (compiled already: for timing loops)."""
-    if v.family != "ext":
+    if v.family not in ("ext", "engine"):
         return _plain(v)
-    fn, hooks = _ext(), _policy_of(v.hook_set).compiled_hooks()
+    fn, hooks = _ext(v), registry.compiled_hooks(v.hook_set)
     return lambda *args: fn(*args, *hooks)

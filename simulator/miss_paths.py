@@ -4,12 +4,27 @@ the step's pinned hits, and the synchronous copy's clock."""
 
 from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies.hooks import NOT_ADMITTED
-from moesim.policies.miss import OUTCOME_HIT
+from moesim.policies.miss import OUTCOME_DROP, OUTCOME_HIT, OUTCOME_SUBSTITUTE, SUBSTITUTE
 from moesim.policies.structures import ACC, MARK, NREQ, QUEUED, RES, SCORE
 from moesim.simulator import step_pin as pin
 from moesim.simulator.copyqueue import start_copy
-from moesim.simulator.counters import CAPPED, LOWBIT, LOWBIT_TIER, PIN_FULL, S_FETCH_LOWBIT, S_LOWBIT_VRAM
+from moesim.simulator.counters import (
+    CAPPED,
+    CPU,
+    CPU_NVME,
+    DROPS,
+    FIRST_CHOICE_SUBS,
+    LOWBIT,
+    LOWBIT_TIER,
+    PIN_FULL,
+    S_EXPERT_VRAM,
+    S_FETCH_LOWBIT,
+    S_LOWBIT_VRAM,
+    SUBSTITUTIONS,
+)
+from moesim.simulator.host_ram import from_nvme
 
 
 @njit(inline="always")
@@ -22,7 +37,7 @@ def sync_fetch(now, link_free, copy_end, stall, s_link, s_run):
     return max(now, link_free) + s_run, link_free, link_free, stall
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def substitute(hit, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap):
     """The best-scored resident candidate not selected and not yet run at this step, run in place of a miss
     (marked, and used through the policy's ``hit`` hook); -1 when there is none."""
@@ -35,7 +50,7 @@ def substitute(hit, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap):
     return -1
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def accumulate(o, l, wr, now, link_free, cost, timed, tiered, ram, beta, ob, fo, po, queue, queue_t, qhl,
                tok_counts, layer_counts, t, counting):
     """--admit: a substituted, dropped or low-bit expert's gate weight accumulates; at beta (and no copy of it
@@ -54,7 +69,7 @@ def _bump(tok_counts, layer_counts, t, l, c, counting):
         layer_counts[l, c] += 1
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def tier_run(o, l, wr, now, link_free, cost, timed, tiered, ram, copies, beta, ob, fo, po, queue, queue_t, qhl,
              tok_counts, layer_counts, t, counting):
     """A miss served by the expert's resident low-bit copy (no transfer); with --admit its weight accumulates
@@ -67,7 +82,7 @@ def tier_run(o, l, wr, now, link_free, cost, timed, tiered, ram, copies, beta, o
     return link_free
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost, timed, tiered, ram, copies, beta, ob, fo, po, queue,
                  queue_t, qhl, tok_counts, layer_counts, t, counting):
     """lowbit:Q: copy the expert's low-bit copy (behind what is queued on the link, after ``copy_end``) and run
@@ -83,7 +98,7 @@ def lowbit_fetch(o, l, wr, now, link_free, copy_end, stall, cost, timed, tiered,
     return now, link_free, copy_end, stall
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def admit_engine(insert, pin_mode, prm, pool, o, tick, step, n_up, max_up, step_pin, ob, fo, po, heap, spin,
                  tok_counts, layer_counts, t, l, counting):
     """Admit a fetched expert through the policy's ``insert`` hook under --max-uploads (beyond the cap: for this
@@ -103,7 +118,7 @@ def admit_engine(insert, pin_mode, prm, pool, o, tick, step, n_up, max_up, step_
     return v, n_up
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def pinned_hits(hit, prm, pool, row, next_req, t, l, base, tick1, uses_next, uses_score, inc, timed, s_vram, now,
                 record, ob, fo, po, heap, outcome):
     """--step-pin: the step's hits, before its misses, in rank order (ticks tick1, tick1 + 1, ...), through the
@@ -125,3 +140,44 @@ def pinned_hits(hit, prm, pool, row, next_req, t, l, base, tick1, uses_next, use
         if record:
             outcome[t, l, r] = OUTCOME_HIT
     return n, now
+
+
+@cached_njit(_nrt=False)
+def cpu_run(o, l, t, now, timed, tiered, ram, s_cpu_ram, s_cpu_nvme, ob, po, tok_counts, layer_counts, counting):
+    """A miss computed on the CPU from host memory (from NVMe first when not in the host-RAM tier). Returns now."""
+    _bump(tok_counts, layer_counts, t, l, CPU, counting)
+    nvme = tiered and from_nvme(o, ram, ob, po)
+    if nvme:
+        _bump(tok_counts, layer_counts, t, l, CPU_NVME, counting)
+    if timed:
+        now += s_cpu_nvme if nvme else s_cpu_ram
+    return now
+
+
+@cached_njit(_nrt=False)
+def lose(hit, action, r, o, wr, wm, prm, pool, cand, t, l, base, step, tick, t_r, ov, now, link_free, cost, timed,
+         tiered, ram, copies, beta, ob, fo, po, heap, queue, queue_t, qhl, tok_counts, layer_counts, counting, record,
+         outcome, substituted):
+    """A miss the step loses: substituted (``action`` SUBSTITUTE and a resident candidate found: it runs in its place
+    through the policy's ``hit``) or dropped. With --admit its weight ``wr`` accumulates towards a background copy.
+    Returns (the gate mass lost, now, link_free)."""
+    sub = -1
+    if action == SUBSTITUTE:
+        sub = substitute(hit, prm, pool, cand, t, l, base, step, tick, ob, fo, po, heap)
+    if sub >= 0:
+        _bump(tok_counts, layer_counts, t, l, SUBSTITUTIONS, counting)
+        if timed:
+            now += cost[S_EXPERT_VRAM]
+        if record:
+            outcome[t, l, r] = OUTCOME_SUBSTITUTE
+            substituted[t, l, r] = sub - base
+    else:
+        _bump(tok_counts, layer_counts, t, l, DROPS, counting)
+        if record:
+            outcome[t, l, r] = OUTCOME_DROP
+    if r == 0:
+        _bump(tok_counts, layer_counts, t, l, FIRST_CHOICE_SUBS, counting)
+    if copies:
+        link_free = accumulate(o, l, wr, t_r if ov else now, link_free, cost, timed, tiered, ram, beta, ob, fo, po,
+                               queue, queue_t, qhl, tok_counts, layer_counts, t, counting)
+    return wm, now, link_free

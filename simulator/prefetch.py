@@ -3,17 +3,17 @@ request whose prefetch is still in flight. The policies' records and the next-la
 policies/prefetch.py, the per-expert states in simulator/prefetch_state.py; the rules in
 docs/replay-semantics.md ("Prefetch")."""
 
-from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies import prefetch as pol
 from moesim.policies.structures import QUEUED, RES
 from moesim.simulator.copyqueue import queue_copy
-from moesim.simulator.counters import PREFETCHES, PREFETCHES_NVME
+from moesim.simulator.counters import PREFETCH_LATE, PREFETCH_USED, PREFETCHES, PREFETCHES_NVME
 from moesim.simulator.host_ram import from_nvme
 from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_STALE, PREV_SEQ, PREV_VALID
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def predict(mode, t, l, lt, sel, look, succ, cnt, prev, pf_scal, seq_t, score, pick):
     """The experts to prefetch for layer ``lt`` of token ``t`` at step (t, l), best first, into ``pick``;
     returns how many. ``score`` (float64 [E]) is zero on entry and on return."""
@@ -82,7 +82,7 @@ def predict(mode, t, l, lt, sel, look, succ, cnt, prev, pf_scal, seq_t, score, p
     return n
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def remember(l, t, sel, prev, pf_scal, seq_t):
     """prev-token: keep step (t, l)'s selection for the next token (and, at the last layer, its sequence)."""
     for r in range(sel.shape[2]):
@@ -92,7 +92,7 @@ def remember(l, t, sel, prev, pf_scal, seq_t):
         pf_scal[PREV_VALID] = 1
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def serve_late(insert, prm, pool, o, tick, ob, fo, po, heap, pf):
     """A request whose expert's prefetch is still in flight waits for it: the expert is admitted now (through
     the policy's ``insert`` hook, like a fetch) and the queued copy becomes stale. Returns the victim (as
@@ -101,7 +101,7 @@ def serve_late(insert, prm, pool, o, tick, ob, fo, po, heap, pf):
     return insert(ob, fo, po, heap, prm, pool, o, tick)
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def issue(policy, steps, setup, state, t, l, t_r, link_free, tiered, timed, tok_counts, layer_counts, counting):
     """Step (t, l)'s prefetches for layer l + depth (same token): each predicted expert neither resident nor
     already queued is copied on the link behind what is there (at the earliest at the router decision
@@ -135,3 +135,34 @@ def issue(policy, steps, setup, state, t, l, t_r, link_free, tiered, timed, tok_
     if policy.prefetch == pol.PREV_TOKEN:
         remember(l, t, sel, state.pf_prev, state.pf_scal, seq_t)
     return link_free
+
+
+@cached_njit(_nrt=False)
+def late_hit(insert, prm, pool, o, tick, t, l, t_r, ov, now, h, m_link, stall, link_free, timed, s_vram, s_writeback,
+             ob, fo, po, heap, pf, pf_t, tok_counts, layer_counts, counting):
+    """A request whose expert's prefetch is still in flight: a hit that uses the prefetch (late when it lands after
+    the request is asked), waiting for it, no second copy; the expert is admitted now through ``insert``. Returns
+    (evictions, now, h, m_link, stall, link_free): the overlapped clock's GPU chain (h, m_link) or the serialized
+    clock's wait."""
+    tok_counts[PREFETCH_USED, t] += 1
+    if counting:
+        layer_counts[l, PREFETCH_USED] += 1
+    done = pf_t[o]
+    asked = t_r if ov else now
+    if done > asked:
+        tok_counts[PREFETCH_LATE, t] += 1
+        if counting:
+            layer_counts[l, PREFETCH_LATE] += 1
+    if timed:
+        if ov:
+            h = max(h, done) + s_vram
+            m_link += 1
+        else:
+            stall += max(done, now) - now
+            now = max(done, now) + s_vram
+    n_evict = 0
+    if serve_late(insert, prm, pool, o, tick, ob, fo, po, heap, pf) >= 0:
+        n_evict = 1
+        if timed:
+            link_free = max(t_r if ov else now, link_free) + s_writeback
+    return n_evict, now, h, m_link, stall, link_free

@@ -4,7 +4,8 @@ An expert's queued copy may be a prefetch in flight; it may be resident by a pre
 queued copy may already have been served to a request that waited for it (a stale queue entry, skipped
 when it pops). The completion time of a prefetch in flight is in State.pf_t."""
 
-from numba import njit
+
+from moesim.jitcache import cached_njit
 
 PF_NONE, PF_INFLIGHT, PF_LANDED, PF_STALE = range(4)
 # State.pf_scal: the sequence of the last token whose rows State.pf_prev holds, and whether it holds any
@@ -12,7 +13,7 @@ PREV_SEQ, PREV_VALID = range(2)
 N_PF_SCAL = 2
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def reset(pf, pf_scal):
     """Forget every prefetch (the cache and the copy queues were emptied)."""
     for o in range(pf.shape[0]):

@@ -4,6 +4,7 @@ warm set through the policy's own hook after ``reset_state``)."""
 
 from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies.structures import (
     ACC,
     CNT,
@@ -24,7 +25,7 @@ from moesim.policies.structures import (
 from moesim.simulator.host_ram import from_nvme
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def reset_state(setup, ob, fo, po, qhl):
     """Empty every pool and copy queue, pin the static set and fill the host-RAM tier with ram_warm (least
     recently used first)."""
@@ -53,7 +54,7 @@ def reset_state(setup, ob, fo, po, qhl):
         from_nvme(setup.ram_warm[i], ram, ob, po)
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def first_ticks(first_req, fo):
     """Before the first token: each expert's next request is its first, and no step has marked it."""
     for o in range(fo.shape[0]):

@@ -19,6 +19,7 @@ int64 key, stored as its bits) (State.spin).
 import numpy as np
 from numba import njit
 
+from moesim.jitcache import cached_njit
 from moesim.policies import keyheap
 from moesim.policies.hooks import NOT_ADMITTED
 from moesim.policies.structures import CAP, HBASE, HK1, HK2, HPOS, PRV, RES, SIZE, TAIL, heap_rekey_called, list_unlink
@@ -27,7 +28,7 @@ MODE_NONE, MODE_LIST, MODE_HEAP, MODE_FIXED, MODE_KEYHEAP = range(5)
 PIN_FULL = -3  # an insertion's answer when every resident expert of the pool is pinned by the step
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def mark(row, base, step, spin):
     """Pin the step's selected experts (resident or not) for this step."""
     for r in range(row.shape[0]):
@@ -42,7 +43,7 @@ def _pinned_in_heap(row, r, base, ob):
     return base + e if e >= 0 and ob[base + e, RES] != 0 and ob[base + e, HPOS] >= 0 else -1
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def _raise(mode, ob, po, heap, pool, o, spin):
     """Resident o outranks every unpinned expert of its heap until _lower; its priority is saved."""
     if mode == MODE_KEYHEAP:
@@ -53,7 +54,7 @@ def _raise(mode, ob, po, heap, pool, o, spin):
     heap_rekey_called(ob, po, heap, pool, ob[o, HPOS], np.inf, heap[j, HK2])
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def _lower(mode, ob, po, heap, pool, o, spin):
     """o gets its saved priority back (unless a use re-keyed it since it was pinned)."""
     if mode == MODE_KEYHEAP:
@@ -64,7 +65,7 @@ def _lower(mode, ob, po, heap, pool, o, spin):
         heap_rekey_called(ob, po, heap, pool, ob[o, HPOS], spin[o, 1], heap[j, HK2])
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def raise_hits(mode, row, base, pool, ob, po, heap, spin):
     """Heap policies: after the step's hits, its resident experts take an infinite priority."""
     if mode != MODE_HEAP and mode != MODE_KEYHEAP:
@@ -75,7 +76,7 @@ def raise_hits(mode, row, base, pool, ob, po, heap, spin):
             _raise(mode, ob, po, heap, pool, o, spin)
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def restore(mode, row, base, pool, ob, po, heap, spin):
     """Heap policies: at the step's end its pinned resident experts get their priority back."""
     if mode != MODE_HEAP and mode != MODE_KEYHEAP:
@@ -86,7 +87,7 @@ def restore(mode, row, base, pool, ob, po, heap, spin):
             _lower(mode, ob, po, heap, pool, o, spin)
 
 
-@njit(_nrt=False)  # type: ignore[call-overload]  # numba's NRT switch is not in its stubs
+@cached_njit(_nrt=False)
 def insert(ins, mode, prm, pool, o, tick, step, ob, fo, po, heap, spin):
     """Admit o through the policy's insert hook ``ins`` without evicting an expert pinned at this step: the
     victim, -1 (none), NOT_ADMITTED (the policy refused o) or PIN_FULL (every resident expert is pinned)."""

@@ -22,7 +22,7 @@ def attach_quality(rows, quality):
     import polars as pl
 
     from moesim.emulator.quality import mass_fit
-    from moesim.emulator.run import FETCHES_FIRST
+    from moesim.policies.miss import MISS_POLICIES
 
     setups = quality.group_by("model_id").agg(pl.col("setup_key").n_unique().alias("n"))
     many = setups.filter(pl.col("n") > 1)
@@ -40,7 +40,7 @@ def attach_quality(rows, quality):
         fit = fits[fk]
         if v is not None:
             vals.append(v), srcs.append("measured"), shown.append(f"{v:+.2f}")
-        elif fit is not None and r["miss"].split(":")[0] in FETCHES_FIRST and r["mass_per_step"] is not None \
+        elif fit is not None and MISS_POLICIES[r["miss"].split(":")[0]].keeps_first and r["mass_per_step"] is not None \
                 and math.isfinite(r["mass_per_step"]):
             e = fit.estimate(r["mass_per_step"])
             vals.append(e), srcs.append(fit.label()), shown.append(f"~{e:+.2f}")

@@ -13,6 +13,16 @@ SHARED = Path(os.environ.get("MOESIM_SHARED", REPO.parent / "shared"))
 FLAME = SHARED / "data" / "flame-moe-290m"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels():
+    """Every replay kernel compiled (or loaded from numba's cache) before the first test, so that commands run
+    in subprocesses find them cached: no compile notice beside the one line of an error, no compile time
+    inside a test's timeout."""
+    from moesim.simulator import kernels
+
+    kernels.ensure(kernels.every_variant())
+
+
 @pytest.fixture(scope="session")
 def flame_dir() -> Path:
     if not FLAME.is_dir():

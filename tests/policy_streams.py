@@ -12,8 +12,7 @@ from replay_helpers import fast_random_routing
 from moesim.policies import registry
 from moesim.policies.structures import HEAD, HPOS, LEN, LST, N_FO, N_LISTS, N_OB, NXT, PRV, RES, SIZE, TAIL, new_pools
 
-LIBCACHESIM = {"arc": "ARC", "s3fifo": "S3FIFO", "sieve": "Sieve", "clock": "Clock", "lru": "LRU", "fifo": "FIFO",
-               "lfu": "LFU"}
+LIBCACHESIM = registry.libcachesim_twins()  # eviction -> its libCacheSim class, from the policy modules
 # event kinds of a stream: a request whose miss is fetched (inserted), a request whose miss is not
 # (substituted, dropped or run on the CPU: the policy never hears of it), a run as a substitute
 FETCH, NO_FETCH, SUBSTITUTE = 0, 1, 2

@@ -9,8 +9,7 @@ s (E + k) + E + rank."""
 import numpy as np
 
 from moesim.jitcache import cached_njit
-
-NEVER = np.int64(1) << np.int64(62)  # an expert that is never requested again
+from moesim.ticks import NEVER
 
 
 @cached_njit()

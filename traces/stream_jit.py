@@ -4,7 +4,7 @@ written by a reverse pass over the chunks, and turned back into ticks (traces/de
 import numpy as np
 
 from moesim.jitcache import cached_njit
-from moesim.traces.derived import NEVER
+from moesim.ticks import NEVER
 
 NO_NEXT = np.uint32(0xFFFFFFFF)
 
