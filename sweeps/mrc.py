@@ -236,10 +236,32 @@ def curve_paths(path: str | os.PathLike) -> list[Path]:
     return [p, p.with_name(p.stem + ".layers" + p.suffix)]
 
 
+_LAYER_COLUMNS = ("eviction", "allocation", "slots_per_layer", "layer", "hit_rate")
+
+
 def check_curve_paths(path: str | os.PathLike, inputs=()) -> None:
-    """Refuse -o (or its .layers sibling) when it is an input: before any replay runs."""
+    """Refuse -o (or its .layers sibling) when it is an input, and a .layers sibling that exists but is no
+    curve file's (the user named -o, not it): before any replay runs."""
     for p in curve_paths(path):
         check_output(p, inputs)
+    lp = curve_paths(path)[1]
+    if lp.exists() and not set(_LAYER_COLUMNS) <= set(_columns(lp)):
+        raise MoesimError(f"{lp}: exists and is not the per-layer file of moesim mrc curves; refusing to replace "
+                          "it: move it away or pick another -o")
+
+
+def _columns(path: Path) -> list[str]:
+    """The column names of a table file (CSV header, Parquet schema, JSON rows); [] if it is none."""
+    import polars as pl
+
+    try:
+        if path.suffix == ".parquet":
+            return list(pl.read_parquet_schema(path))
+        if path.suffix == ".csv":
+            return list(pl.read_csv(path, n_rows=0).columns)
+        return list(pl.read_json(path).columns)
+    except Exception:  # noqa: BLE001 - not readable as that format: not a file mrc wrote
+        return []
 
 
 def write_curves(curve, layers, path: str | os.PathLike, *, inputs=()):

@@ -59,8 +59,11 @@ class MoesimGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        from moesim.files import tracking_inputs
+
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with tracking_inputs():
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except MoesimError as exc:
             _fail(str(exc), 2)
         except click.UsageError as exc:
