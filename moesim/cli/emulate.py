@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import echo_json
+from moesim.cli.output import FINITE, echo_json
 from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
 from moesim.cli.trace import CANDIDATES, DENSE, DOMAINS, MAX_TOKENS, TEXTS
 
@@ -17,7 +17,7 @@ FLUSH_SECONDS = 30.0
 @DOMAINS
 @click.option("--eviction", "-e", default="lru", show_default=True, help=EVICTION_HELP)
 @click.option("--miss", "-m", default="fetch-all", show_default=True, help=MISS_HELP)
-@click.option("--admit", type=float, default=None,
+@click.option("--admit", type=FINITE, default=None,
               help="Background admission: a substituted/dropped expert whose gate weights add up to β is admitted "
                    "at the layer's next step.")
 @click.option("--budget", "-b", multiple=True, metavar="F",
@@ -178,6 +178,16 @@ def configs_from_grid(spec: str, budgets: list[float], slots: list[int], **scala
         from moesim.emulator.policy import check_config
 
         check_config(bad[0])
+    if grid.prefetches is None:  # the prefetch variants the grid adds by itself: asked for by no one here
+        skipped = [c for c in out.values() if c.prefetch != "none"]
+        if skipped:
+            from moesim.cli.output import echo
+
+            names = ", ".join(c.label() for c in skipped)
+            echo(f"note: left out the grid's {len(skipped)} prefetch configs ({names}): "
+                 "the emulator replays one layer at a time, and under fetch-all a prefetch changes when experts "
+                 "arrive, not which run (their quality is the fetch-all row's)", err=True)
+        return [c for c in out.values() if c.prefetch == "none"]
     return list(out.values())
 
 

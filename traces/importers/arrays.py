@@ -13,13 +13,12 @@ unpickled. Positions count the tokens of each sequence in array order.
 from __future__ import annotations
 
 import os
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.files import check_output, regular_file
+from moesim.files import check_output
 from moesim.traces.importers.common import (
     ImportResult,
     id_span_note,
@@ -29,6 +28,7 @@ from moesim.traces.importers.common import (
     write_topk_trace,
 )
 from moesim.traces.importers.moe_infinity import parse_layers
+from moesim.traces.importers.npy import load_npy, load_npz, magic
 from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP
 
@@ -100,35 +100,12 @@ def import_array(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
     """{'ids': ..., 'weights': ..., 'seq': ...} from a .npy or .npz, without unpickling."""
-    regular_file(path, ".npy or .npz file")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(6)
-    except OSError as exc:
-        raise MoesimError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        if magic == b"\x93NUMPY":
-            return {"ids": np.load(path, allow_pickle=False)}
-        if magic[:2] != b"PK":
-            raise MoesimError(f"{path}: not a .npy or .npz file (no NumPy header)")
-        with np.load(path, allow_pickle=False) as z:
-            found = {}
-            for key, names in NAMES.items():
-                hits = [n for n in names if n in z.files]
-                if len(hits) > 1:
-                    raise MoesimError(f"{path}: arrays {', '.join(hits)} all mean {key}; keep one")
-                if hits:
-                    found[key] = z[hits[0]]
-            if "ids" not in found:
-                raise MoesimError(f"{path}: no selected-id array (expected one named {' / '.join(NAMES['ids'])}; "
-                                  f"the archive holds {', '.join(z.files) or 'nothing'})")
-            return found
-    except ValueError as exc:
-        if "pickle" in str(exc).lower():
-            raise MoesimError(f"{path}: holds Python objects (pickled); expected numeric arrays") from None
-        raise MoesimError(f"{path}: not a readable NumPy file ({' '.join(str(exc).split())[:120]})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise MoesimError(f"{path}: not a readable NumPy file ({' '.join(str(exc).split())[:120]})") from None
+    head = magic(path, ".npy or .npz file")
+    if head == b"\x93NUMPY":
+        return {"ids": load_npy(path)}
+    if head[:2] != b"PK":
+        raise MoesimError(f"{path}: not a .npy or .npz file (no NumPy header)")
+    return load_npz(path, {k: v for k, v in NAMES.items()}, "ids")
 
 
 def _positions(seq: np.ndarray) -> np.ndarray:
