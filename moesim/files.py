@@ -130,12 +130,37 @@ def read_bytes(path: PathLike, what: str = "file") -> bytes:
         raise read_error(path, exc) from None
 
 
+def _not_utf8(path: PathLike, what: str, byte: int) -> MoesimError:
+    return MoesimError(f"{path}: not UTF-8 text (byte {byte}); a {what} must be UTF-8")
+
+
 def read_text(path: PathLike, what: str = "file") -> str:
     data = read_bytes(path, what)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise MoesimError(f"{path}: not UTF-8 text (byte {exc.start}); a {what} must be UTF-8") from None
+        raise _not_utf8(path, what, exc.start) from None
+
+
+def check_utf8(path: PathLike, what: str = "file") -> Path:
+    """``path``, a regular file of UTF-8 text, read a MiB at a time (for files parsed by a library that would
+    take other bytes for binary cells: a Latin-1 CSV)."""
+    import codecs
+
+    path = regular_file(path, what)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                decoder.decode(chunk)
+                done += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, what, max(0, done - len(decoder.getstate()[0]) + exc.start)) from None
+    except OSError as exc:
+        raise read_error(path, exc) from None
+    return path
 
 
 def read_toml(path: PathLike, what: str = "TOML file") -> dict:
@@ -422,6 +447,6 @@ def atomic_dir(path: PathLike, *, inputs: Iterable[PathLike | None] = ()) -> Ite
 
 
 __all__ = ["atomic", "atomic_files", "atomic_dir", "check_output", "tracking_inputs", "note_input", "inputs_read",
-           "regular_file", "read_bytes", "read_text",
+           "regular_file", "read_bytes", "read_text", "check_utf8",
            "read_toml", "remove_stale_partials", "temp_path", "write_table", "write_text", "write_bytes",
            "write_error", "os_errno", "Output"]

@@ -15,7 +15,8 @@ MAX_TOKENS = 100_000_000
                    "olmoe-1b-7b, gpt-oss-120b.")
 @click.option("--tokens", required=True, type=click.IntRange(1, MAX_TOKENS),
               help=f"Tokens in all (each token has every MoE layer); at most {MAX_TOKENS:,}.")
-@click.option("--seqs", default=1, show_default=True, type=click.IntRange(min=1), help="Sequences the tokens are split into.")
+@click.option("--seqs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Sequences the tokens are split into.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed; same seed, same trace.")
 @click.option("--domains", default=None, metavar="A,B,...",
               help="Topic domains, e.g. code,prose,math,medical (the default); 'none' for no domain structure.")

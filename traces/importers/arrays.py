@@ -24,6 +24,7 @@ from moesim.traces.importers.common import (
     id_span_note,
     preset_for,
     preset_meta,
+    to_int64,
     tracer_info,
     write_topk_trace,
 )
@@ -65,7 +66,7 @@ def import_array(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
             raise MoesimError(f"{path}: seq must hold one sequence id per token ({T}), got shape {seq.shape}")
         if seq.dtype.kind not in "iu":
             raise MoesimError(f"{path}: seq must hold integers, got dtype {seq.dtype}")
-        seq = seq.astype(np.int64)
+        seq = to_int64(seq, str(path), "seq id")
         if (seq < 0).any() or (seq >= 2**31).any():
             raise MoesimError(f"{path}: seq ids must be non-negative 32-bit integers")
     else:
@@ -91,7 +92,7 @@ def import_array(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
     meta = TraceMeta(model_id=model_id, family=known.pop("family", "unknown"), n_experts=int(E), top_k=k,
                      moe_layers=moe_layers, layout="sparse", n_candidates=k, synthetic=False, tie_order="stored",
                      tracer=tracer_info("array"), source=source, **known)
-    flat = ids.astype(np.int64).reshape(T * L, k)
+    flat = to_int64(ids, str(path), "expert id").reshape(T * L, k)
     return write_topk_trace(out, meta, seq=np.repeat(seq, L), pos=np.repeat(pos, L),
                             layer=np.tile(np.asarray(moe_layers), T), phase=phase, ids=flat, weights=weights,
                             where=str(path), row_group_size=row_group_size, notes=id_span_note(flat, int(E)),
@@ -105,7 +106,7 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         return {"ids": load_npy(path)}
     if head[:2] != b"PK":
         raise MoesimError(f"{path}: not a .npy or .npz file (no NumPy header)")
-    return load_npz(path, {k: v for k, v in NAMES.items()}, "ids")
+    return load_npz(path, NAMES, "ids", "selected-id")
 
 
 def _positions(seq: np.ndarray) -> np.ndarray:

@@ -26,10 +26,11 @@ MAX_LAYER_INDEX = 32767  # the trace's int16 layer column
 
 
 def parse_layers(spec: str | None, n: int) -> tuple[int, ...]:
-    """'0-23', '1,3,5' or None (0..n-1) -> layer indices; must name n layers."""
+    """'0-23', '1,3,5' or None (0..n-1) -> layer indices; must name n layers (counted before any range is
+    built: '0-999999999999' would not fit in memory)."""
     if spec is None:
         return tuple(range(n))
-    out: list[int] = []
+    spans = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
@@ -40,12 +41,11 @@ def parse_layers(spec: str | None, n: int) -> tuple[int, ...]:
             raise MoesimError(f"--layers {spec!r}: expected indices like '0-23' or '1,3,5'") from None
         if not 0 <= lo <= hi <= MAX_LAYER_INDEX:
             raise MoesimError(f"--layers {spec!r}: {part!r} is not a range of layer indices in 0..{MAX_LAYER_INDEX}")
-        if hi - lo + 1 > n - len(out):  # before the range is built: '0-999999999999' would not fit in memory
-            raise MoesimError(f"--layers {spec!r} names more layers than the matrix's {n}")
-        out.extend(range(lo, hi + 1))
-    if len(out) != n:
-        raise MoesimError(f"--layers {spec!r} names {len(out)} layers, the matrix has {n}")
-    return tuple(out)
+        spans.append((lo, hi))
+    count = sum(hi - lo + 1 for lo, hi in spans)
+    if count != n:
+        raise MoesimError(f"--layers {spec!r} names {count} layers, the matrix has {n}")
+    return tuple(i for lo, hi in spans for i in range(lo, hi + 1))
 
 
 def import_moe_infinity(file: str | os.PathLike, out: str | os.PathLike, *, top_k: int,

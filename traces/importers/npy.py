@@ -70,9 +70,9 @@ def load_npy(path: Path) -> np.ndarray:
     return _load(path, str(path))
 
 
-def load_npz(path: Path, names: dict[str, tuple[str, ...]], required: str) -> dict[str, np.ndarray]:
+def load_npz(path: Path, names: dict[str, tuple[str, ...]], required: str, what: str) -> dict[str, np.ndarray]:
     """{key: array} for every key of ``names`` (key -> accepted member names) an .npz archive holds, the
-    ``required`` one among them; each member's header checked before it is read. Two members meaning one
+    ``required`` one (``what``) among them; each member's header checked before it is read. Two members meaning one
     key are refused."""
     try:
         with zipfile.ZipFile(path) as zf:
@@ -92,7 +92,7 @@ def load_npz(path: Path, names: dict[str, tuple[str, ...]], required: str) -> di
                 with zf.open(infos[name]) as fp:
                     out[key] = _load(fp, where)
             if required not in out:
-                raise MoesimError(f"{path}: no {required} array (expected one named {' / '.join(names[required])}; "
+                raise MoesimError(f"{path}: no {what} array (expected one named {' / '.join(names[required])}; "
                                   f"the archive holds {', '.join(infos) or 'nothing'})")
             return out
     except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, NotImplementedError,
