@@ -118,6 +118,9 @@ def size_grid(n_experts: int, slots: list[int] | None = None, budgets: list[floa
     for b in budgets or []:
         if not (0 < b <= 1):
             raise MoesimError(f"budget must be a fraction in (0, 1], got {b:g}")
+        if slots_for_budget(b, n_experts) < 1:  # an empty table, not a silent one
+            raise MoesimError(f"budget {b:g} of E={n_experts} experts gives 0 slots per layer; the smallest budget "
+                              f"is {1 / n_experts:.4g}")
         out.add(slots_for_budget(b, n_experts))
     if not slots and not budgets:
         out = {slots_for_budget(b, n_experts) for b in DEFAULT_BUDGETS}
