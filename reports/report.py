@@ -238,7 +238,7 @@ def build_report(out: str | os.PathLike, *, results=None,
 
     out = Path(out)
     inputs = [trace, quality] + ([results, layers_path(results)] if isinstance(results, (str, os.PathLike)) else [])
-    _check_destination(out, inputs)
+    check_destination(out, inputs)
     say = progress or (lambda msg: None)
     notes: list[str] = []
 
@@ -459,10 +459,10 @@ def _write(tmp: Path, out: Path, figures, tables, *, sweep, routing, model, synt
             "notes": notes, "files": {"html": "index.html", **files}}
 
 
-def _check_destination(out: Path, inputs) -> None:
+def check_destination(out: str | os.PathLike, inputs=()) -> None:
     """An existing ``out`` is replaced whole: only when it holds an earlier report and nothing else (every
     file in it named by its report.json), so no file the report did not write is deleted."""
-    check_output(out, inputs, directory=True)
+    out = check_output(out, inputs, directory=True)
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not (out / MANIFEST).is_file():
@@ -490,4 +490,4 @@ def _named_by_manifest(out: Path) -> set[str]:
     return named
 
 
-__all__ = ["build_report", "load_results", "hit_rate_curve", "SweepData", "MANIFEST"]
+__all__ = ["build_report", "check_destination", "load_results", "hit_rate_curve", "SweepData", "MANIFEST"]

@@ -150,6 +150,14 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     def given(values):  # a repeatable flag that was not given keeps the file's (or the default) axis
         return list(values) or None
 
+    from moesim.files import note_input
+
+    for path in (*traces, config, prefetch_train, quality):  # read here or in a worker: no output may replace them
+        note_input(path)
+    if report_dir:  # before the replays: a report that cannot be written fails at once
+        from moesim.reports.report import check_destination
+
+        check_destination(report_dir)
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     qual = None
     if quality:  # read before the replays: a bad file fails at once, and no output may replace it
