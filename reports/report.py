@@ -207,7 +207,10 @@ def hit_rate_curve(routing, sizes: list[float], ci=None):
     from moesim.sweeps.mrc import DEFAULT_BUDGETS as MRC_BUDGETS
     from moesim.sweeps.mrc import mrc
 
-    grid = sorted(set(MRC_BUDGETS) | {float(b) for b in sizes})
+    from moesim.simulator.config import slots_for_budget
+
+    # mrc's default sizes that hold at least one slot of this trace's experts, and the report's own
+    grid = sorted({b for b in MRC_BUDGETS if slots_for_budget(b, routing.n_experts) >= 1} | {float(b) for b in sizes})
     curve, _ = mrc(routing, allocations=["per-layer"], budgets=grid, ci=ci)
     top = max(grid) + 1e-9
     # LRU comes at every size up to E: cut it where the replayed curves end, so all share the x range
