@@ -66,6 +66,8 @@ def quality_frame(setup, runs):
     return pl.DataFrame(quality_rows(setup, runs), infer_schema_length=None)
 
 
+# columns the readers use besides the key ones (the mass fit, the sweep's join, the report's chart)
+_READ_COLUMNS = ("model_id", "policy", "budget", "slots", "mass_per_step", "hit_rate")
 # columns a quality file's rows are checked for (types; then values, see read_quality)
 _TYPES = {"row_key": "String", "setup_key": "String", "config_key": "String", "model_id": "String", "ppl": "Float64",
           "ppl_baseline": "Float64", "dppl_pct": "Float64", "fetches_first": "Boolean", "mass_per_step": "Float64",
@@ -90,7 +92,7 @@ def read_quality(path: str | os.PathLike, *, note: bool = True):
         df = pl.read_parquet(p)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is one error line
         raise MoesimError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())[:160]})") from None
-    missing = [c for c in (*QUALITY_COLUMNS, "model_id", "mass_per_step") if c not in df.columns]
+    missing = [c for c in (*QUALITY_COLUMNS, *_READ_COLUMNS) if c not in df.columns]
     if missing:
         raise MoesimError(f"{path}: not moesim quality results (missing columns: {', '.join(missing)})")
     if df.height == 0:

@@ -204,10 +204,9 @@ def hit_rate_curve(routing, sizes: list[float], ci=None):
     saying how it was computed)."""
     import polars as pl
 
+    from moesim.simulator.config import slots_for_budget
     from moesim.sweeps.mrc import DEFAULT_BUDGETS as MRC_BUDGETS
     from moesim.sweeps.mrc import mrc
-
-    from moesim.simulator.config import slots_for_budget
 
     # mrc's default sizes that hold at least one slot of this trace's experts, and the report's own
     grid = sorted({b for b in MRC_BUDGETS if slots_for_budget(b, routing.n_experts) >= 1} | {float(b) for b in sizes})

@@ -25,7 +25,7 @@ def _claimed(fp, available: int, where: str) -> None:
         version = fmt.read_magic(fp)
         read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         shape, _, dtype = read(fp)
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - numpy parses the header with tokenize and ast: any error of theirs
         raise MoesimError(f"{where}: not a readable NumPy array ({' '.join(str(exc).split())[:120]})") from None
     if dtype.hasobject:
         raise MoesimError(f"{where}: holds Python objects (pickled); expected numeric arrays")
