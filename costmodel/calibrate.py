@@ -36,12 +36,12 @@ def read_runs(path: str | Path, model: str | None = None) -> list[dict]:
         raise MoesimError(f"{path}: expected llama-bench output or a CSV with columns {', '.join(sorted(need))}")
     out = []
     for i, r in enumerate(rows, start=2):
-        cells = {k: r.get(k) for k in sorted(need)}
-        missing = [k for k, v in cells.items() if not isinstance(v, str) or not v.strip()]
+        cells = {k: str(r.get(k) or "").strip() for k in sorted(need)}  # a short line leaves cells None
+        missing = [k for k, v in cells.items() if not v]
         if missing:
             raise MoesimError(f"{path}: line {i} has no {', '.join(missing)}")
-        out.append({"model": cells["model"].strip(), "quant": cells["quant"].strip(),
-                    "placement": cells["placement"].strip(), "tok_s": _rate(cells["tok_s"], f"{path}: line {i}")})
+        out.append({"model": cells["model"], "quant": cells["quant"], "placement": cells["placement"],
+                    "tok_s": _rate(cells["tok_s"], f"{path}: line {i}")})
     return out
 
 

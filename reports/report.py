@@ -259,6 +259,9 @@ def build_report(out: str | os.PathLike, *, results=None,
     qual = _load_quality(quality) if quality is not None else None
     model = routing.meta.model_id if routing is not None else (sweep.model if sweep is not None else
                                                                qual["model_id"][0] if qual is not None else "")
+    if qual is not None and (routing is not None or sweep is not None) and model not in set(qual["model_id"]):
+        notes.append(f"the quality results are of {', '.join(sorted(set(qual['model_id'])))}, not of {model}: their "
+                     "chart stands apart from the sweep's")
     if budgets is None:
         budgets = _budget_sizes(sweep, routing)
     budgets = sorted({float(b) for b in budgets})

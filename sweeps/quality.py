@@ -14,7 +14,7 @@ import math
 from moesim.errors import MoesimError
 
 
-def attach_quality(rows, quality, source: str = "the quality results"):
+def attach_quality(rows, quality, source="the quality results"):
     """Sweep rows + ``dppl_pct`` (measured where the config was emulated for the trace's model; for
     the always-fetch-first class otherwise the mass fit's estimate), ``dppl_source`` ("measured",
     the fit's label, or null) and ``dppl_shown`` (the table cell: "~" marks an estimate). Rows of a

@@ -20,9 +20,9 @@ class _Finite:
     """A float option that refuses nan and inf (they pass Click's range checks: every comparison is false)."""
 
     def convert(self, value, param, ctx):
-        rv = super().convert(value, param, ctx)  # type: ignore[misc]
+        rv = super().convert(value, param, ctx)
         if not math.isfinite(rv):
-            self.fail(f"{value!r} is not a finite number", param, ctx)  # type: ignore[attr-defined]
+            self.fail(f"{value!r} is not a finite number", param, ctx)
         return rv
 
 

@@ -160,10 +160,11 @@ class _Duplicate(Exception):
 
 
 def _one_of_each(pairs: list) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set = set()
-        raise _Duplicate(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Duplicate(k)
+        out[k] = v
     return out
 
 
