@@ -80,18 +80,13 @@ def read_quality(path: str | os.PathLike, *, note: bool = True):
     output may replace it); not for the file ``emulate --grid -o`` extends."""
     import polars as pl
 
-    from moesim.files import regular_file
-    from moesim.table_checks import check_equal, check_values, typed
+    from moesim.table_checks import check_equal, check_values, read_parquet, typed
 
     p = Path(path)
     if not p.exists():
         raise MoesimError(f"{path}: no such quality results file (write one with moesim emulate MODEL --grid ... "
                           f"-o {p.name})")
-    regular_file(p, "quality results file", note=note)
-    try:
-        df = pl.read_parquet(p)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is one error line
-        raise MoesimError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())[:160]})") from None
+    df = read_parquet(p, "quality results file", note=note)
     missing = [c for c in (*QUALITY_COLUMNS, *_READ_COLUMNS) if c not in df.columns]
     if missing:
         raise MoesimError(f"{path}: not moesim quality results (missing columns: {', '.join(missing)})")

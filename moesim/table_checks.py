@@ -10,6 +10,21 @@ from collections.abc import Iterable
 from moesim.errors import MoesimError
 
 
+def read_parquet(path: str | os.PathLike, what: str, *, note: bool = True):
+    """A Parquet table moesim wrote, as polars. Read with pyarrow, which raises on a damaged file where
+    polars may panic (a BaseException, and a Rust backtrace on stderr). ``note``: see files.regular_file."""
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    from moesim.files import regular_file
+
+    regular_file(path, what, note=note)
+    try:
+        return pl.DataFrame(pl.from_arrow(pq.read_table(path)))
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one error line
+        raise MoesimError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())[:160]})") from None
+
+
 def typed(df, path: str | os.PathLike, types: dict):
     """``df`` with every column of ``types`` (name -> polars type) that it has cast to that type; a column
     that cannot be is refused."""
@@ -71,4 +86,4 @@ def check_equal(df, path: str | os.PathLike, name: str, expected, what: str, *, 
                           f"{df.select(expected).to_series()[i]!r}: not a file moesim wrote, or damaged")
 
 
-__all__ = ["typed", "check_values", "check_equal"]
+__all__ = ["read_parquet", "typed", "check_values", "check_equal"]

@@ -125,17 +125,11 @@ def load_results(path, digest: str | None = None, baseline: str | None = None, r
 
 def _read_parquet(path: Path, what: str, hint: str = ""):
     """A Parquet table moesim wrote (an input: no output may replace it); one line if it cannot be read."""
-    import polars as pl
-
-    from moesim.files import regular_file
+    from moesim.table_checks import read_parquet
 
     if not path.exists():
         raise MoesimError(f"{path}: no such {what}" + (f" ({hint})" if hint else ""))
-    regular_file(path, what)
-    try:
-        return pl.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is one error line
-        raise MoesimError(f"{path}: not a readable Parquet file ({' '.join(str(exc).split())[:160]})") from None
+    return read_parquet(path, what)
 
 
 def _ranked(rows, baseline: str | None):

@@ -27,6 +27,7 @@ from moesim.files import atomic_files, check_output, write_error, write_table_to
 from moesim.sweeps.grid import DEFAULT_BASELINE
 from moesim.sweeps.ranking import annotate
 from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame, polars_schema
+from moesim.table_checks import read_parquet
 
 # Columns a file must have to be taken for sweep results (anything else at -o is refused, never replaced).
 _KEY_COLUMNS = ("row_key", "trace_digest", "config_key", "cost_key", "group_key", "label")
@@ -101,12 +102,11 @@ def _read(path: Path):
         if lp.exists():  # results removed, or a file of that name that has nothing to do with the sweep
             _check_layers_file(lp)
         return None
-    try:
-        rows = pl.read_parquet(path)
-        layers = pl.read_parquet(lp) if lp.exists() else None
-    except Exception as exc:  # a foreign or damaged file: never overwrite it silently
-        raise MoesimError(f"{path}: cannot read existing results ({' '.join(str(exc).split())[:160]}); move it "
-                          "away or pick another -o") from None
+    try:  # not an input (no note): the file this sweep extends
+        rows = read_parquet(path, "results file", note=False)
+        layers = read_parquet(lp, "per-layer results file", note=False) if lp.exists() else None
+    except MoesimError as exc:  # a foreign or damaged file: never overwrite it silently
+        raise MoesimError(f"{exc}; refusing to replace it: move it away or pick another -o") from None
     missing = [c for c in _KEY_COLUMNS if c not in rows.columns]
     if missing:
         raise MoesimError(f"{path}: exists and is not a moesim sweep results file (no {', '.join(missing)} "

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from conftest import FIXTURES, REPO
 from quality_helpers import write_quality
 from sweep_helpers import small_trace
+from test_fuzz_inputs import edit_bytes
 
 from moesim.cli import cli
 from moesim.sweeps.store import layers_path
@@ -43,28 +44,8 @@ def _contract(res, what: str, seed: int) -> None:
 
 
 def _mutate_bytes(data: bytes, rng: np.random.Generator, head: int | None = None) -> bytes:
-    """1-3 edits (flip, set, overwrite a run, delete, insert, truncate), half of them in the first ``head`` bytes
-    (a header) when given."""
-    b = bytearray(data)
-    for _ in range(int(rng.integers(1, 4))):
-        if not b:
-            break
-        hi = min(len(b), head) if head and rng.random() < 0.5 else len(b)
-        i, kind = int(rng.integers(0, hi)), int(rng.integers(0, 6))
-        if kind == 0:
-            b[i] ^= 1 << int(rng.integers(0, 8))
-        elif kind == 1:
-            b[i] = int(rng.integers(0, 256))
-        elif kind == 2:
-            n = int(rng.integers(1, 16))
-            b[i:i + n] = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-        elif kind == 3:
-            del b[i:i + int(rng.integers(1, 8))]
-        elif kind == 4:
-            b[i:i] = rng.integers(0, 256, int(rng.integers(1, 8)), dtype=np.uint8).tobytes()
-        else:
-            del b[i:]
-    return bytes(b)
+    """Byte edits, half of them in the first ``head`` bytes (a header) when given."""
+    return edit_bytes(data, rng, (lambda n: (0, min(n, head))) if head else None)
 
 
 def _mutate_fields(text: str, rng: np.random.Generator, pattern: str) -> bytes:
