@@ -270,7 +270,8 @@ def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, pro
 
     tasks, costs, cost_info, notes = plan(entries, grid)
     inputs = [e.path for e in entries if e.path is not None] + [grid.prefetch_train]
-    store = ResultStore(output, inputs=inputs, baseline=grid.baseline, rank_by=rank_by)
+    facts = {e.digest: (e.meta.model_id, e.meta.n_experts, None) for e in entries}
+    store = ResultStore(output, inputs=inputs, baseline=grid.baseline, rank_by=rank_by, traces=facts)
     todo = [t for t in tasks if t.row_key not in store or (
         ci is not None and not store.has_units(t.row_key, ci.unit, method_for(replay_twin(t.config), ci.method)))]
     if ci is not None:

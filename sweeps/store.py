@@ -93,8 +93,9 @@ def _locked(path: Path):
         os.close(fd)  # releases the lock
 
 
-def _read(path: Path):
-    """(rows, layers) of a results file pair, only configs present in both; None if there is no file."""
+def _read(path: Path, traces: dict | None = None):
+    """(rows, layers) of a results file pair, only configs present in both; None if there is no file.
+    ``traces``: as checked_rows takes them."""
     import polars as pl
 
     lp = layers_path(path)
@@ -113,7 +114,7 @@ def _read(path: Path):
                           "column); refusing to replace it: move it away or pick another -o")
     if layers is not None:
         _check_layers_file(lp, layers.columns)
-    rows = checked_rows(rows, path)
+    rows = checked_rows(rows, path, traces=traces)
     layers = checked_rows(layers, lp, LAYER_SCHEMA) if layers is not None else frame([], LAYER_SCHEMA)
     done = sorted(set(rows["row_key"].to_list()) & set(layers["row_key"].to_list()))
     return rows.filter(pl.col("row_key").is_in(done)), layers.filter(pl.col("row_key").is_in(done))
@@ -188,11 +189,12 @@ def conform_rows(df):
 
 class ResultStore:
     """Rows of one results file, plus what this process adds; ``flush`` merges them into both files.
-    ``inputs``: the sweep's traces, which neither file may be."""
+    ``inputs``: the sweep's traces, which neither file may be; ``traces``: {digest: (model_id, n_experts,
+    n_tokens or None)}, which the stored rows of those traces must agree with."""
 
     def __init__(self, path: str | os.PathLike | None, inputs=(), *, baseline: str = DEFAULT_BASELINE,
-                 rank_by: str = "class"):
-        self.baseline, self.rank_by = baseline, rank_by
+                 rank_by: str = "class", traces: dict | None = None):
+        self.baseline, self.rank_by, self.traces = baseline, rank_by, traces
         self.path = Path(path) if path is not None else None
         if self.path is not None and self.path.suffix != ".parquet":
             raise MoesimError(f"{self.path}: sweep results are stored as Parquet (-o NAME.parquet); "
@@ -223,7 +225,7 @@ class ResultStore:
         import polars as pl
 
         assert self.path is not None
-        found = _read(self.path)
+        found = _read(self.path, self.traces)
         self._seen = self._signature()
         if found is None:
             return
