@@ -23,7 +23,8 @@ from moesim.cli.output import FINITE, ci_options, make_ci
 @click.option("--baseline", default=None, metavar="PRESET|EVICTION/MISS[/admit β]",
               help="The config every speed-up divides by (default: the one the sweep used; see moesim sweep).")
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=str), required=True,
-              help="Report directory to write (replaced atomically if it holds an earlier report).")
+              help="Report directory to write (replaced atomically if it holds an earlier report and only the files "
+                   "that report wrote).")
 @ci_options
 def command(results, trace, budgets, quality, title, baseline, out, ci, ci_resamples, ci_unit, ci_method):
     """Write a self-contained HTML report of sweep RESULTS (results.parquet from `moesim sweep`) and/or
