@@ -157,7 +157,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     if report_dir:  # before the replays: a report that cannot be written fails at once
         from moesim.reports.report import check_destination
 
-        check_destination(report_dir)
+        check_destination(report_dir, [output, layers_path(output)] if output else [])  # the report reads -o
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     qual = None
     if quality:  # read before the replays: a bad file fails at once, and no output may replace it
