@@ -85,7 +85,9 @@ def group_key(digest: str, ck: str, config: SimConfig) -> str:
 def check_config(config: SimConfig, routing) -> None:
     """Fail before any replay starts on a config this trace cannot replay."""
     config.slots_per_layer(routing.n_experts)
-    if config.prefetch != "none" and config.prefetch_depth >= routing.n_layers:
+    # a depth past the last layer predicts nothing (docs/replay-semantics.md): asked for, it is a mistake; the
+    # default depth 1 stays valid on a one-layer trace (the default grid's prefetch rows)
+    if config.prefetch != "none" and 1 < config.prefetch_depth >= routing.n_layers:
         raise MoesimError(f"prefetch depth {config.prefetch_depth} reaches past the trace's {routing.n_layers} MoE "
                           f"layers (at most {routing.n_layers - 1})")
     if config.warmup_tokens >= routing.n_tokens:
