@@ -157,7 +157,7 @@ def _forged_npy(path: Path, shape: tuple) -> Path:
     ("npz 140 TiB", "(array ids): its header claims an array of shape (4000000000000, 3, 3)"),
     ("moe-infinity 140 TiB", "claims an array of shape (4000000000000, 3, 3)"),
     ("layers 10^12", "'0-999999999999' is not a range of layer indices in 0..32767"),
-    ("synth 10^9 tokens", "1000000000 is not in the range 1<=x<=100000000"),
+    ("synth 10^9 tokens", "1000000000 is not in the range x<=100000000"),
     ("ci resamples 10^8", "--ci-resamples must be at most 100,000"),
     ("ci resamples 10^12", "--ci-resamples must be at most 100,000"),
 ])

@@ -13,16 +13,15 @@ MAX_TOKENS = 100_000_000
 @click.option("--preset", required=True, metavar="NAME",
               help="Model preset: qwen3-next-80b-a3b, qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b, deepseek-v3, "
                    "olmoe-1b-7b, gpt-oss-120b.")
-@click.option("--tokens", required=True, type=click.IntRange(1, MAX_TOKENS),
+@click.option("--tokens", required=True, type=click.IntRange(max=MAX_TOKENS),
               help=f"Tokens in all (each token has every MoE layer); at most {MAX_TOKENS:,}.")
-@click.option("--seqs", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Sequences the tokens are split into.")
+@click.option("--seqs", default=1, show_default=True, type=int, help="Sequences the tokens are split into.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed; same seed, same trace.")
 @click.option("--domains", default=None, metavar="A,B,...",
               help="Topic domains, e.g. code,prose,math,medical (the default); 'none' for no domain structure.")
 @click.option("--candidates", default=None, type=int, metavar="M",
               help="Scored experts stored per row (default: the preset's, e.g. 32).")
-@click.option("--prefill", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--prefill", default=0, show_default=True, type=int,
               help="Mark the first P positions of every sequence as prefill (the rest decode).")
 @click.option("--layout", type=click.Choice(["ranked", "sparse"]), default="ranked", show_default=True,
               help="ranked: compact (ranked candidates, gate logits as gaps); sparse: every candidate's logit "
