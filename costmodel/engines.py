@@ -70,7 +70,7 @@ def load_engine(name_or_path: str | EngineProfile | None) -> EngineProfile:
         return name_or_path
     name = name_or_path or DEFAULT_ENGINE
     path = Path(name)
-    if not (name.endswith(".toml") and path.is_file()):
+    if not (name.endswith(".toml") and path.exists()):  # a FIFO or a directory is named by read_toml
         if name.endswith(".toml") and "/" in name:
             raise MoesimError(f"engine profile file not found: {name}")
         path = _preset_dir() / f"{name}.toml"

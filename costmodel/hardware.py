@@ -226,7 +226,7 @@ def hardware_names() -> list[str]:
 def hardware_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix == ".toml" or "/" in str(name_or_path):
-        if not path.is_file():
+        if not path.exists():  # a FIFO or a directory is named by read_toml
             raise MoesimError(f"hardware preset file not found: {name_or_path}")
         return path
     path = _preset_dir() / f"{name_or_path}.toml"

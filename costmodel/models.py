@@ -13,6 +13,7 @@ from pathlib import Path
 
 from moesim.errors import MoesimError
 from moesim.files import read_toml
+from moesim.traces.meta import GATINGS
 
 _G = ("expert", "dense", "router", "embed", "lm_head", "small")
 GROUPS = _G
@@ -510,6 +511,13 @@ def _validate_model(m: ModelPreset, path: Path) -> None:
         bad("dense layers need moe.dense_intermediate_size > 0")
     if m.n_shared_experts and m.shared_expert_intermediate_size <= 0:
         bad("shared experts need moe.shared_expert_intermediate_size > 0")
+    if m.gating not in GATINGS:
+        bad(f"moe.gating {m.gating!r} is not one of {', '.join(GATINGS)}")
+    if 0 < m.total_params_b < m.active_params_b:
+        bad(f"active_params_b ({m.active_params_b:g}) exceeds total_params_b ({m.total_params_b:g})")
+    if m.topk_group > m.n_group or m.n_experts % m.n_group:
+        bad(f"moe.n_group ({m.n_group}) must divide n_experts ({m.n_experts}) and be at least topk_group "
+            f"({m.topk_group})")
     if m.native_quant not in m.quant_names():
         bad(f"native_quant {m.native_quant!r} is not one of {', '.join(m.quant_names())}")
     if m.active_params_convention not in ACTIVE_CONVENTIONS:
@@ -525,6 +533,10 @@ def _validate_model(m: ModelPreset, path: Path) -> None:
     for key in need:
         if key not in a:
             bad(f"attention.kind = {kind!r} needs attention.{key}")
+    heads, kv = a.get("n_heads"), a.get("n_kv_heads")
+    if heads is not None and kv is not None and (kv > heads or heads % kv):
+        bad(f"attention.n_kv_heads ({kv}) must divide n_heads ({heads}): each KV head serves a whole group of "
+            "query heads")
     if a.get("qk_norm", "none") not in ("none", "head", "full"):
         bad("attention.qk_norm must be 'none', 'head' or 'full'")
     if a.get("sliding_every") and "sliding_window" not in a:

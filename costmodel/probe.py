@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from moesim.errors import MoesimError
+from moesim.files import os_error_message
+
 GB = 1e9
 
 
@@ -63,11 +66,15 @@ def nvme_reads(directory: str, mib: int = 256) -> dict:
     size = mib * 2**20
     block = np.random.default_rng(0).integers(0, 255, 4 * 2**20, np.uint8).tobytes()
     try:
-        with open(path, "wb") as f:
-            for _ in range(size // len(block)):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(path, "wb") as f:
+                for _ in range(size // len(block)):
+                    f.write(block)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:  # a full disk: say where (the OS error alone names no file)
+            raise MoesimError(f"{directory}: cannot write the {mib} MiB probe file there "
+                              f"({os_error_message(exc)}); give --dir on a disk with room") from None
         out = {}
         for kib in (128, 4096):
             out[kib] = _read_rate(path, size, kib * 1024)

@@ -10,14 +10,14 @@ import numpy as np
 from moesim.traces import gating
 from moesim.traces.meta import TraceMeta
 from moesim.traces.routing import Routing, decode_scores
-from moesim.traces.tracers.recorder import default_candidates, sparse_rows
+from moesim.traces.tracers.recorder import candidate_count, sparse_rows
 
 
 def trace_meta(fields: dict, bias: dict[int, np.ndarray], *, layout: str, candidates: int | None) -> TraceMeta:
     """The TraceMeta a RouterRecorder opens with these fields (tracers.torch_hooks.trace_fields)."""
     f = dict(fields)
     E, k = int(f["n_experts"]), int(f["top_k"])
-    M = E if layout == "dense" else int(candidates or default_candidates(E, k))
+    M = candidate_count(candidates, E, k, layout)
     f.update(layout=layout, n_candidates=M)
     layers = list(f["moe_layers"])
     rows = [np.asarray(bias[i], dtype=np.float64) for i in layers] if bias else []

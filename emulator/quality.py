@@ -66,27 +66,49 @@ def quality_frame(setup, runs):
     return pl.DataFrame(quality_rows(setup, runs), infer_schema_length=None)
 
 
-def read_quality(path: str | os.PathLike):
+# columns the readers use besides the key ones (the mass fit, the sweep's join, the report's chart)
+_READ_COLUMNS = ("model_id", "policy", "budget", "slots", "mass_per_step", "hit_rate")
+# columns a quality file's rows are checked for (types; then values, see read_quality)
+_TYPES = {"row_key": "String", "setup_key": "String", "config_key": "String", "model_id": "String", "ppl": "Float64",
+          "ppl_baseline": "Float64", "dppl_pct": "Float64", "fetches_first": "Boolean", "mass_per_step": "Float64",
+          "budget": "Float64", "slots": "Int64", "hit_rate": "Float64", "open_mass_per_step": "Float64"}
+
+
+def read_quality(path: str | os.PathLike, *, note: bool = True):
+    """Quality results, checked: the columns moesim writes with their types, perplexities finite and >= 1,
+    dppl % finite and equal to them, masses and rates in range. ``note``: an input of the command (no
+    output may replace it); not for the file ``emulate --grid -o`` extends."""
     import polars as pl
 
+    from moesim.table_checks import check_equal, check_values, read_parquet, typed
+
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise MoesimError(f"{path}: no such quality results file (write one with moesim emulate MODEL --grid ... "
                           f"-o {p.name})")
-    try:
-        df = pl.read_parquet(p)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is one error line
-        raise MoesimError(f"{path}: not a readable Parquet file ({exc})") from None
-    missing = [c for c in QUALITY_COLUMNS if c not in df.columns]
+    df = read_parquet(p, "quality results file", note=note)
+    missing = [c for c in (*QUALITY_COLUMNS, *_READ_COLUMNS) if c not in df.columns]
     if missing:
         raise MoesimError(f"{path}: not moesim quality results (missing columns: {', '.join(missing)})")
+    if df.height == 0:
+        raise MoesimError(f"{path}: holds no quality results")
+    df = typed(df, path, {name: getattr(pl, t) for name, t in _TYPES.items()})
+    for name in ("row_key", "config_key", "model_id", "fetches_first"):
+        if df[name].null_count():
+            raise MoesimError(f"{path}: row {df[name].is_null().arg_true()[0]} has no {name}: not a file moesim "
+                              "wrote, or damaged")
+    check_values(df, path, ("ppl", "ppl_baseline"), lo=1, nulls=False)
+    check_values(df, path, ("dppl_pct",), lo=-100, nulls=False)
+    check_values(df, path, ("mass_per_step", "open_mass_per_step"), lo=0, nulls=False)
+    check_values(df, path, ("hit_rate",), lo=0, hi=1)
+    check_equal(df, path, "dppl_pct", 100 * (pl.col("ppl") / pl.col("ppl_baseline") - 1), "its ppl and ppl_baseline")
     return df
 
 
 def existing_keys(path) -> set[str] | None:
     if path is None or not Path(path).exists():
         return None
-    return set(read_quality(path)["row_key"].to_list())
+    return set(read_quality(path, note=False)["row_key"].to_list())
 
 
 def write_quality(df, path) -> int:
@@ -98,7 +120,7 @@ def write_quality(df, path) -> int:
     if Path(path).suffix != ".parquet":
         raise MoesimError(f"{path}: quality results are written as .parquet")
     if Path(path).exists():
-        old = read_quality(path)
+        old = read_quality(path, note=False)
         df = pl.concat([old.filter(~pl.col("row_key").is_in(df["row_key"].to_list())), df], how="diagonal_relaxed")
     write_table(df, path)
     return df.height

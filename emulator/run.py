@@ -139,7 +139,7 @@ class Emulator:
         self.model, self.tokenizer, self.drop = model, tokenizer, drop
         cfg = model.config
         context = int(getattr(cfg, "max_position_embeddings", 0) or 0)
-        window = int(window or context or 2048)
+        window = int(window if window is not None else context or 2048)
         if window < 2:
             raise MoesimError(f"--window must be at least 2 tokens, got {window}")
         if context and window > context:

@@ -76,9 +76,35 @@ def read_error(path: PathLike, exc: BaseException) -> MoesimError:
 
 # ---------------------------------------------------------------------------------------------- inputs
 
+# Every file a command read (while ``tracking_inputs`` is active: the CLI runs each command inside it), so
+# that every output is checked against every input, also those that reach a writer the command does not
+# know of (the trace a report found through its results, a --prefetch-train or --quality file of a sweep).
+_read: list[Path] | None = None
 
-def regular_file(path: PathLike, what: str = "file") -> Path:
-    """``path`` if it is a regular file (symlinks followed); a one-line error otherwise."""
+
+@contextlib.contextmanager
+def tracking_inputs() -> Iterator[None]:
+    global _read
+    outer, _read = _read, []
+    try:
+        yield
+    finally:
+        _read = outer
+
+
+def note_input(path: PathLike | None) -> None:
+    """Count ``path`` among the command's inputs (no output may replace it or a directory hold it)."""
+    if _read is not None and path is not None and Path(path) not in _read:
+        _read.append(Path(path))
+
+
+def inputs_read() -> list[Path]:
+    return list(_read or ())
+
+
+def regular_file(path: PathLike, what: str = "file", *, note: bool = True) -> Path:
+    """``path`` if it is a regular file (symlinks followed); a one-line error otherwise. ``note``: an
+    input of the command (``note_input``); not for a file the command reads to extend it (resume)."""
     path = Path(path)
     try:
         st = os.stat(path)
@@ -91,6 +117,8 @@ def regular_file(path: PathLike, what: str = "file") -> Path:
     if not stat.S_ISREG(st.st_mode):
         raise MoesimError(f"{path}: not a regular file (a FIFO, device or socket); moesim reads {what}s from "
                           "regular files only")
+    if note:
+        note_input(path)
     return path
 
 
@@ -102,12 +130,37 @@ def read_bytes(path: PathLike, what: str = "file") -> bytes:
         raise read_error(path, exc) from None
 
 
+def _not_utf8(path: PathLike, what: str, byte: int) -> MoesimError:
+    return MoesimError(f"{path}: not UTF-8 text (byte {byte}); a {what} must be UTF-8")
+
+
 def read_text(path: PathLike, what: str = "file") -> str:
     data = read_bytes(path, what)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise MoesimError(f"{path}: not UTF-8 text (byte {exc.start}); a {what} must be UTF-8") from None
+        raise _not_utf8(path, what, exc.start) from None
+
+
+def check_utf8(path: PathLike, what: str = "file") -> Path:
+    """``path``, a regular file of UTF-8 text, read a MiB at a time (for files parsed by a library that would
+    take other bytes for binary cells: a Latin-1 CSV)."""
+    import codecs
+
+    path = regular_file(path, what)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                decoder.decode(chunk)
+                done += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, what, max(0, done - len(decoder.getstate()[0]) + exc.start)) from None
+    except OSError as exc:
+        raise read_error(path, exc) from None
+    return path
 
 
 def read_toml(path: PathLike, what: str = "TOML file") -> dict:
@@ -140,9 +193,10 @@ def _inside(path: Path, directory: Path) -> bool:
 def check_output(path: PathLike, inputs: Iterable[PathLike | None] = (), *, directory: bool = False) -> Path:
     """Refuse a destination that is an input of the command (the same file, through any link), that
     would delete an input (a report directory holding one), or that exists and is not a regular file
-    (a directory, a device such as /dev/null, a FIFO). Nothing is written here."""
+    (a directory, a device such as /dev/null, a FIFO). ``inputs`` adds to the files the command has read
+    (``note_input``). Nothing is written here."""
     path = Path(path)
-    for i in inputs:
+    for i in [*inputs, *inputs_read()]:
         if i is None:
             continue
         i = Path(i)
@@ -392,6 +446,7 @@ def atomic_dir(path: PathLike, *, inputs: Iterable[PathLike | None] = ()) -> Ite
         _discard(tmp)
 
 
-__all__ = ["atomic", "atomic_files", "atomic_dir", "check_output", "regular_file", "read_bytes", "read_text",
+__all__ = ["atomic", "atomic_files", "atomic_dir", "check_output", "tracking_inputs", "note_input", "inputs_read",
+           "regular_file", "read_bytes", "read_text", "check_utf8",
            "read_toml", "remove_stale_partials", "temp_path", "write_table", "write_text", "write_bytes",
            "write_error", "os_errno", "Output"]

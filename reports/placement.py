@@ -23,6 +23,7 @@ from moesim.policies import registry
 from moesim.simulator import SimConfig
 from moesim.sweeps.inputs import load_traces
 from moesim.sweeps.single import simulate_one
+from moesim.textsafe import term
 
 POLICIES = ("static", "static-layers")
 FORMATS = ("llama.cpp", "pins", "json")
@@ -69,7 +70,9 @@ class Placement:
             raise MoesimError("stock llama.cpp places whole layers (a layer's experts are one tensor): export "
                               "--policy static-layers for llama.cpp flags, or --format pins|json for a per-expert "
                               "placement")
-        lines = [f"# moesim export: {self.policy} placement of {self.trace} ({self.model_id}"
+        # every comment line stays one comment line: a newline in a trace name or model id must not start an
+        # uncommented line (a flag of its own) in a file people paste into a command line
+        lines = [f"# moesim export: {self.policy} placement of {term(self.trace)} ({term(self.model_id)}"
                  f"{', SYNTHETIC trace' if self.synthetic else ''}), {self.slots_per_layer} slots per layer",
                  f"# GPU keeps the experts of {len(self.layers) - len(self.cpu_blocks)} of {len(self.layers)} MoE "
                  f"layers; {_expected_line(self.expected)}",

@@ -42,30 +42,28 @@ def _presets() -> dict[str, dict]:
     return PRESETS
 
 
-def load_results(path, digest: str | None = None, baseline: str | None = None) -> SweepData:
+def load_results(path, digest: str | None = None, baseline: str | None = None, routing=None) -> SweepData:
     """Read a sweep's results (and its .layers.parquet) and keep the rows of one trace and one
     machine pricing, with the columns the charts and tables use:
     size (fraction of experts, null for --slots sweeps), size_label, policy, preset (null if none),
     speedup, baseline, keeps_first_choice, pareto and the store's counters and rates. The speed-up,
     rank and Pareto flag are recomputed (sweeps/ranking.py) over ``baseline``: by default the one the
     sweep used. ``path`` may also be an object with ``rows`` and ``layers`` frames (a SweepOutcome of
-    ``run_sweep`` without an output file)."""
+    ``run_sweep`` without an output file). ``routing``: the trace, whose rows must agree with it."""
     import polars as pl
 
-    from moesim.sweeps.store import layers_path
+    from moesim.sweeps.store import LAYER_SCHEMA, checked_rows, layers_path
 
+    if routing is not None:
+        digest = routing.digest
+    facts = {digest: (routing.meta.model_id, routing.n_experts, routing.n_tokens)} if routing is not None else None
     if hasattr(path, "rows") and hasattr(path, "layers"):
         rows, layers, path = path.rows, path.layers, Path("(in memory)")
     else:
         path = Path(path)
-        if not path.is_file():
-            raise MoesimError(f"{path}: no such results file (write one with moesim sweep TRACE -o {path.name})")
-        try:
-            rows = pl.read_parquet(path)
-        except Exception as exc:
-            raise MoesimError(f"{path}: not a readable Parquet file ({exc})") from None
+        rows = _read_parquet(path, "results file", f"write one with moesim sweep TRACE -o {path.name}")
         lp = layers_path(path)
-        layers = pl.read_parquet(lp) if lp.is_file() else None
+        layers = checked_rows(_read_parquet(lp, "per-layer results file"), lp, LAYER_SCHEMA) if lp.exists() else None
     need = {"row_key", "trace_digest", "group_key", "eviction", "miss", "admit", "budget", "hit_rate",
             "substitution_rate", "mass_per_step", "s_per_token", "preset", "policy"}
     missing = sorted(need - set(rows.columns))
@@ -73,7 +71,7 @@ def load_results(path, digest: str | None = None, baseline: str | None = None) -
         raise MoesimError(f"{path}: not a moesim sweep results file (missing columns: {', '.join(missing)})")
     if rows.height == 0:
         raise MoesimError(f"{path}: holds no results")
-    rows = _ranked(rows, baseline)
+    rows = _ranked(checked_rows(rows, path, traces=facts), baseline)
     notes = []
     digests = rows["trace_digest"].unique(maintain_order=True).to_list()
     if digest is not None:
@@ -125,16 +123,20 @@ def load_results(path, digest: str | None = None, baseline: str | None = None) -
                      priced_as=str(rows["priced_as"][0]) if priced else None, notes=notes)
 
 
+def _read_parquet(path: Path, what: str, hint: str = ""):
+    """A Parquet table moesim wrote (an input: no output may replace it); one line if it cannot be read."""
+    from moesim.table_checks import read_parquet
+
+    if not path.exists():
+        raise MoesimError(f"{path}: no such {what}" + (f" ({hint})" if hint else ""))
+    return read_parquet(path, what)
+
+
 def _ranked(rows, baseline: str | None):
     """The sweep's derived columns recomputed (files of older versions lack some) over one baseline."""
     from moesim.sweeps.grid import DEFAULT_BASELINE
     from moesim.sweeps.ranking import annotate
-    from moesim.sweeps.store import conform_rows
 
-    try:
-        rows = conform_rows(rows)
-    except Exception as exc:  # a column of the wrong type: not a file moesim wrote
-        raise MoesimError(f"not a readable moesim sweep results file ({exc})") from None
     if baseline is None:
         from moesim.sweeps.grid import baseline_policy
 
@@ -196,10 +198,12 @@ def hit_rate_curve(routing, sizes: list[float], ci=None):
     saying how it was computed)."""
     import polars as pl
 
+    from moesim.simulator.config import slots_for_budget
     from moesim.sweeps.mrc import DEFAULT_BUDGETS as MRC_BUDGETS
     from moesim.sweeps.mrc import mrc
 
-    grid = sorted(set(MRC_BUDGETS) | {float(b) for b in sizes})
+    # mrc's default sizes that hold at least one slot of this trace's experts, and the report's own
+    grid = sorted({b for b in MRC_BUDGETS if slots_for_budget(b, routing.n_experts) >= 1} | {float(b) for b in sizes})
     curve, _ = mrc(routing, allocations=["per-layer"], budgets=grid, ci=ci)
     top = max(grid) + 1e-9
     # LRU comes at every size up to E: cut it where the replayed curves end, so all share the x range
@@ -230,7 +234,7 @@ def build_report(out: str | os.PathLike, *, results=None,
 
     out = Path(out)
     inputs = [trace, quality] + ([results, layers_path(results)] if isinstance(results, (str, os.PathLike)) else [])
-    _check_destination(out, inputs)
+    check_destination(out, inputs)
     say = progress or (lambda msg: None)
     notes: list[str] = []
 
@@ -241,7 +245,7 @@ def build_report(out: str | os.PathLike, *, results=None,
         routing = load_routing(trace)
     sweep = None
     if results is not None:
-        sweep = load_results(results, digest=routing.digest if routing is not None else None, baseline=baseline)
+        sweep = load_results(results, baseline=baseline, routing=routing)
         notes += sweep.notes
         if routing is None:
             routing = _recorded_trace(sweep, notes)
@@ -249,6 +253,9 @@ def build_report(out: str | os.PathLike, *, results=None,
     qual = _load_quality(quality) if quality is not None else None
     model = routing.meta.model_id if routing is not None else (sweep.model if sweep is not None else
                                                                qual["model_id"][0] if qual is not None else "")
+    if qual is not None and (routing is not None or sweep is not None) and model not in set(qual["model_id"]):
+        notes.append(f"the quality results are of {', '.join(sorted(set(qual['model_id'])))}, not of {model}: their "
+                     "chart stands apart from the sweep's")
     if budgets is None:
         budgets = _budget_sizes(sweep, routing)
     budgets = sorted({float(b) for b in budgets})
@@ -451,10 +458,35 @@ def _write(tmp: Path, out: Path, figures, tables, *, sweep, routing, model, synt
             "notes": notes, "files": {"html": "index.html", **files}}
 
 
-def _check_destination(out: Path, inputs) -> None:
-    check_output(out, inputs, directory=True)
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+def check_destination(out: str | os.PathLike, inputs=()) -> None:
+    """An existing ``out`` is replaced whole: only when it holds an earlier report and nothing else (every
+    file in it named by its report.json), so no file the report did not write is deleted."""
+    out = check_output(out, inputs, directory=True)
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / MANIFEST).is_file():
         raise MoesimError(f"{out}: exists and is not a moesim report (no {MANIFEST}); pick another -o or remove it")
+    foreign = sorted(set(_files_in(out)) - _named_by_manifest(out))
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise MoesimError(f"{out}: holds files the earlier report did not write ({', '.join(foreign[:3])}{more}); "
+                          "refusing to replace the directory: move them away or pick another -o")
 
 
-__all__ = ["build_report", "load_results", "hit_rate_curve", "SweepData", "MANIFEST"]
+def _files_in(directory: Path) -> list[str]:
+    return [os.path.relpath(os.path.join(d, f), directory) for d, _, names in os.walk(directory) for f in names]
+
+
+def _named_by_manifest(out: Path) -> set[str]:
+    """The files an earlier report's report.json says it wrote (empty if it cannot be read)."""
+    try:  # not through files.read_text: that would count the manifest among the inputs, which out then holds
+        files = json.loads((out / MANIFEST).read_text(encoding="utf-8"))["files"]
+        named = {MANIFEST, str(files["html"])}
+        for group in ("charts", "tables"):
+            named |= {os.path.normpath(str(f)) for entry in files[group].values() for f in entry.values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return {MANIFEST}
+    return named
+
+
+__all__ = ["build_report", "check_destination", "load_results", "hit_rate_curve", "SweepData", "MANIFEST"]

@@ -201,6 +201,16 @@ def render(tables: list[Table], fmt: str, width: int = WIDTH) -> str:
 
 
 def frame_csv(df) -> str:
+    """CSV of ``df`` for a terminal: control characters in its text cells (a model id, a machine name) escaped."""
+    import polars as pl
+
+    from moesim.textsafe import term
+
+    for c, t in df.schema.items():
+        if t == pl.Utf8:
+            fixed = {v: term(v) for v in df[c].drop_nulls().unique().to_list() if term(v) != v}
+            if fixed:
+                df = df.with_columns(pl.col(c).replace(fixed))
     return df.write_csv()
 
 

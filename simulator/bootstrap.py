@@ -30,6 +30,10 @@ from moesim.errors import MoesimError
 
 SEED = zlib.crc32(b"moesim bootstrap")
 DEFAULT_RESAMPLES = 1000
+# Bounds checked before anything is drawn: B resamples are drawn one at a time (10^5 take about a second), and
+# their weights hold B x units counts.
+MAX_RESAMPLES = 100_000
+MAX_WEIGHTS = 1 << 28
 UNIT_RULES = ("auto", "sequence", "block")
 METHODS = ("rotated", "single")  # how a unit's counts are taken (simulator/rotation.py)
 ASSUMPTION = ("percentile bootstrap over units of the replay: units are re-weighted, not re-replayed in a new "
@@ -55,6 +59,9 @@ class CI:
             raise MoesimError(f"--ci must be a confidence level in percent between 0 and 100, got {self.level!r}")
         if int(self.resamples) != self.resamples or self.resamples < 1:
             raise MoesimError(f"--ci-resamples must be a positive whole number, got {self.resamples!r}")
+        if self.resamples > MAX_RESAMPLES:
+            raise MoesimError(f"--ci-resamples must be at most {MAX_RESAMPLES:,} (the limit; percentile intervals "
+                              f"settle long before), got {self.resamples!r}")
         if self.unit not in UNIT_RULES:
             raise MoesimError(f"--ci-unit must be one of {', '.join(UNIT_RULES)}, got {self.unit!r}")
         if self.method not in METHODS:
@@ -98,6 +105,10 @@ def weights(n_units: int, resamples: int, seed: int = SEED) -> np.ndarray:
     """[resamples, n_units]: how often each unit is drawn in each resample (each row sums to n_units).
     Resample b is ``rng.integers(0, n_units, size=n_units)`` drawn in order from one generator seeded
     with ``seed``; tests/test_uncertainty.py redraws them one unit at a time in pure Python."""
+    if resamples * n_units > MAX_WEIGHTS:
+        raise MoesimError(f"{resamples:,} resamples of {n_units:,} units would hold {resamples * n_units:,} weights, "
+                          f"more than the limit of {MAX_WEIGHTS:,}: use fewer --ci-resamples or larger units "
+                          "(--ci-unit block)")
     rng = np.random.default_rng(seed)
     out = np.empty((resamples, n_units), np.uint16 if n_units < 2**16 else np.uint32)
     for b in range(resamples):

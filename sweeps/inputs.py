@@ -31,6 +31,8 @@ class TraceEntry:
             self._routing = None
             self._file = TraceFile(source)
             self.meta, self.digest = self._file.meta, self._file.digest
+            if stream is None:
+                check_stream_limit()
             self.streamed = bool(stream) if stream is not None else should_stream(self._file)
             self.path = self._file.path
 
@@ -57,6 +59,20 @@ class TraceEntry:
         if self._store is not None:
             self._store.close()
             self._store = None
+
+
+def check_stream_limit() -> None:
+    """MOESIM_STREAM_MB, if set, is a positive number: NaN would never stream (every comparison is false)
+    and a negative limit always would. (simulator/driver.py reads it; the check belongs there too.)"""
+    import math
+
+    raw = os.environ.get("MOESIM_STREAM_MB", "").strip()
+    try:
+        ok = not raw or (math.isfinite(float(raw)) and float(raw) > 0)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise MoesimError(f"MOESIM_STREAM_MB must be a positive number of megabytes, got {raw!r}")
 
 
 def load_traces(traces, stream: bool | None = None) -> list[TraceEntry]:

@@ -118,6 +118,9 @@ def size_grid(n_experts: int, slots: list[int] | None = None, budgets: list[floa
     for b in budgets or []:
         if not (0 < b <= 1):
             raise MoesimError(f"budget must be a fraction in (0, 1], got {b:g}")
+        if slots_for_budget(b, n_experts) < 1:  # an empty table, not a silent one
+            raise MoesimError(f"budget {b:g} of E={n_experts} experts gives 0 slots per layer; the smallest budget "
+                              f"is {1 / n_experts:.4g}")
         out.add(slots_for_budget(b, n_experts))
     if not slots and not budgets:
         out = {slots_for_budget(b, n_experts) for b in DEFAULT_BUDGETS}
@@ -236,10 +239,38 @@ def curve_paths(path: str | os.PathLike) -> list[Path]:
     return [p, p.with_name(p.stem + ".layers" + p.suffix)]
 
 
+_LAYER_COLUMNS = ("eviction", "allocation", "slots_per_layer", "layer", "hit_rate")
+
+
 def check_curve_paths(path: str | os.PathLike, inputs=()) -> None:
-    """Refuse -o (or its .layers sibling) when it is an input: before any replay runs."""
+    """Refuse -o (or its .layers sibling) when it is an input, and a .layers sibling that exists but is no
+    curve file's (the user named -o, not it): before any replay runs."""
     for p in curve_paths(path):
         check_output(p, inputs)
+    lp = curve_paths(path)[1]
+    if lp.exists() and not set(_LAYER_COLUMNS) <= set(_columns(lp)):
+        raise MoesimError(f"{lp}: exists and is not the per-layer file of moesim mrc curves; refusing to replace "
+                          "it: move it away or pick another -o")
+
+
+def _columns(path: Path) -> list[str]:
+    """The column names of a table file (Parquet schema, CSV header, the keys of JSON rows); [] if it is none.
+    pyarrow and the standard library only: polars may panic on a damaged file."""
+    import csv
+    import json
+
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        with open(path, encoding="utf-8") as f:
+            if path.suffix == ".csv":
+                return next(csv.reader([f.readline()]), [])
+            rows = json.loads(f.read(1 << 28))
+        return list(rows[0]) if isinstance(rows, list) and rows and isinstance(rows[0], dict) else []
+    except Exception:  # noqa: BLE001 - not readable as that format: not a file mrc wrote
+        return []
 
 
 def write_curves(curve, layers, path: str | os.PathLike, *, inputs=()):

@@ -14,15 +14,23 @@ import math
 from moesim.errors import MoesimError
 
 
-def attach_quality(rows, quality):
+def attach_quality(rows, quality, source="the quality results"):
     """Sweep rows + ``dppl_pct`` (measured where the config was emulated for the trace's model; for
     the always-fetch-first class otherwise the mass fit's estimate), ``dppl_source`` ("measured",
     the fit's label, or null) and ``dppl_shown`` (the table cell: "~" marks an estimate). Rows of a
-    model the quality results do not cover stay empty."""
+    model the quality results do not cover stay empty; quality results of none of the rows' models
+    are refused (``source`` names them)."""
     import polars as pl
 
     from moesim.emulator.quality import mass_fit
     from moesim.policies.miss import MISS_POLICIES
+
+    theirs = set(quality["model_id"].to_list())
+    ours = {m for m in rows["model_id"].to_list() if m is not None} if rows.height else set()
+    if ours and not ours & theirs:
+        raise MoesimError(f"{source}: quality results of {', '.join(sorted(map(repr, theirs)))}, not of the "
+                          f"sweep's model {', '.join(sorted(map(repr, ours)))}: no dppl to join (emulate the "
+                          "trace's model, or name it with emulate --model-id)")
 
     setups = quality.group_by("model_id").agg(pl.col("setup_key").n_unique().alias("n"))
     many = setups.filter(pl.col("n") > 1)

@@ -85,6 +85,11 @@ def group_key(digest: str, ck: str, config: SimConfig) -> str:
 def check_config(config: SimConfig, routing) -> None:
     """Fail before any replay starts on a config this trace cannot replay."""
     config.slots_per_layer(routing.n_experts)
+    # a depth past the last layer predicts nothing (docs/replay-semantics.md): asked for, it is a mistake; the
+    # default depth 1 stays valid on a one-layer trace (the default grid's prefetch rows)
+    if config.prefetch != "none" and 1 < config.prefetch_depth >= routing.n_layers:
+        raise MoesimError(f"prefetch depth {config.prefetch_depth} reaches past the trace's {routing.n_layers} MoE "
+                          f"layers (at most {routing.n_layers - 1})")
     if config.warmup_tokens >= routing.n_tokens:
         raise MoesimError(f"warmup_tokens={config.warmup_tokens} leaves none of the trace's "
                           f"{routing.n_tokens} tokens to count")
@@ -266,8 +271,9 @@ def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, pro
     import polars as pl
 
     tasks, costs, cost_info, notes = plan(entries, grid)
-    store = ResultStore(output, inputs=[e.path for e in entries if e.path is not None], baseline=grid.baseline,
-                        rank_by=rank_by)
+    inputs = [e.path for e in entries if e.path is not None] + [grid.prefetch_train]
+    facts = {e.digest: (e.meta.model_id, e.meta.n_experts, None) for e in entries}
+    store = ResultStore(output, inputs=inputs, baseline=grid.baseline, rank_by=rank_by, traces=facts)
     todo = [t for t in tasks if t.row_key not in store or (
         ci is not None and not store.has_units(t.row_key, ci.unit, method_for(replay_twin(t.config), ci.method)))]
     if ci is not None:

@@ -27,6 +27,7 @@ from moesim.files import atomic_files, check_output, write_error, write_table_to
 from moesim.sweeps.grid import DEFAULT_BASELINE
 from moesim.sweeps.ranking import annotate
 from moesim.sweeps.schema import LAYER_SCHEMA, ROW_SCHEMA, frame, polars_schema
+from moesim.table_checks import read_parquet
 
 # Columns a file must have to be taken for sweep results (anything else at -o is refused, never replaced).
 _KEY_COLUMNS = ("row_key", "trace_digest", "config_key", "cost_key", "group_key", "label")
@@ -92,30 +93,93 @@ def _locked(path: Path):
         os.close(fd)  # releases the lock
 
 
-def _read(path: Path):
-    """(rows, layers) of a results file pair, only configs present in both; None if there is no file."""
+def _read(path: Path, traces: dict | None = None):
+    """(rows, layers) of a results file pair, only configs present in both; None if there is no file.
+    ``traces``: as checked_rows takes them."""
     import polars as pl
 
-    if not path.exists():
-        return None
     lp = layers_path(path)
-    try:
-        rows = pl.read_parquet(path)
-        layers = pl.read_parquet(lp) if lp.exists() else None
-    except Exception as exc:  # a foreign or damaged file: never overwrite it silently
-        raise MoesimError(f"{path}: cannot read existing results ({' '.join(str(exc).split())[:160]}); move it "
-                          "away or pick another -o") from None
+    if not path.exists():
+        if lp.exists():  # results removed, or a file of that name that has nothing to do with the sweep
+            _check_layers_file(lp)
+        return None
+    try:  # not an input (no note): the file this sweep extends
+        rows = read_parquet(path, "results file", note=False)
+        layers = read_parquet(lp, "per-layer results file", note=False) if lp.exists() else None
+    except MoesimError as exc:  # a foreign or damaged file: never overwrite it silently
+        raise MoesimError(f"{exc}; refusing to replace it: move it away or pick another -o") from None
     missing = [c for c in _KEY_COLUMNS if c not in rows.columns]
     if missing:
         raise MoesimError(f"{path}: exists and is not a moesim sweep results file (no {', '.join(missing)} "
                           "column); refusing to replace it: move it away or pick another -o")
-    if layers is not None and any(c not in layers.columns for c in _LAYER_KEY_COLUMNS):
-        raise MoesimError(f"{lp}: exists and is not the per-layer file of moesim sweep results; refusing to "
-                          "replace it: move it away or pick another -o")
-    rows = _conform(rows, ROW_SCHEMA)
-    layers = _conform(layers, LAYER_SCHEMA) if layers is not None else frame([], LAYER_SCHEMA)
+    if layers is not None:
+        _check_layers_file(lp, layers.columns)
+    rows = checked_rows(rows, path, traces=traces)
+    layers = checked_rows(layers, lp, LAYER_SCHEMA) if layers is not None else frame([], LAYER_SCHEMA)
     done = sorted(set(rows["row_key"].to_list()) & set(layers["row_key"].to_list()))
     return rows.filter(pl.col("row_key").is_in(done)), layers.filter(pl.col("row_key").is_in(done))
+
+
+def _check_layers_file(lp: Path, columns=None) -> None:
+    """``lp`` (a sweep's NAME.layers.parquet side file) is one: never replace a foreign file of that name."""
+    if columns is None:
+        import pyarrow.parquet as pq
+
+        try:
+            columns = pq.read_schema(lp).names
+        except Exception:  # noqa: BLE001 - unreadable or not Parquet: not a file the sweep wrote
+            columns = []
+    if any(c not in columns for c in _LAYER_KEY_COLUMNS):
+        raise MoesimError(f"{lp}: exists and is not the per-layer file of moesim sweep results; refusing to "
+                          "replace it: move it away or pick another -o")
+
+
+_RATES = ("hit_rate", "miss_rate", "substitution_rate", "drop_rate")
+_OF_REQUESTS = {"hit_rate": "hits", "miss_rate": "misses", "substitution_rate": "substitutions", "drop_rate": "drops"}
+_NONNEGATIVE = ("mass", "counted_tokens", "slots_per_layer", "warmup_tokens", "s_per_token", "ms_per_token",
+                "tok_per_s", "stall_per_token", "gb_per_token_sync", "gb_per_token_background", "gb_per_token_nvme",
+                "gb_per_token_cpu", "gb_per_token_vram_experts", "gb_per_token_prefetch", "vram_gib_for_cache",
+                "vram_gib_free", "layer")
+
+
+def checked_rows(df, path, schema: dict[str, str] = ROW_SCHEMA, traces: dict | None = None):
+    """A results (or per-layer) table read from ``path`` in the store's columns and types, its numbers
+    checked: counters and times finite and not negative, rates in 0..1 and equal to their counters (NaN only
+    where there were no requests). ``traces``: {digest: (model_id, n_experts, n_tokens or None)} of traces
+    at hand; their rows must agree with them (model, slots, counted tokens)."""
+    import polars as pl
+
+    from moesim.simulator.kernel import COUNTER_NAMES
+    from moesim.table_checks import check_equal, check_values, typed
+
+    df = _conform(typed(df, path, polars_schema(schema)), schema)
+    asked = pl.col("requests") > 0
+    check_values(df, path, (*COUNTER_NAMES, *_NONNEGATIVE, "mass_per_step"), lo=0)
+    check_values(df, path, ("batch",), lo=1)
+    check_values(df, path, ("budget", "lowbit_share"), lo=0, hi=1)
+    check_values(df, path, _RATES, lo=0, hi=1, when=asked)
+    for rate, counter in _OF_REQUESTS.items():
+        check_equal(df, path, rate, pl.col(counter) / pl.col("requests"), f"its {counter} and requests", when=asked)
+    for digest, (model_id, n_experts, n_tokens) in (traces or {}).items():
+        _agree(df.filter(pl.col("trace_digest") == digest), path, model_id, n_experts, n_tokens)
+    return df
+
+
+def _agree(df, path, model_id, n_experts: int, n_tokens: int | None) -> None:
+    import polars as pl
+
+    bad = [("slots_per_layer", pl.col("slots_per_layer") > n_experts, f"more than the trace's {n_experts} experts")]
+    if n_tokens is not None:
+        bad.append(("counted_tokens", pl.col("counted_tokens") > n_tokens, f"more than the trace's {n_tokens} tokens"))
+    if "model_id" in df.columns and model_id is not None:
+        bad.append(("model_id", pl.col("model_id") != model_id, f"not the trace's model {model_id!r}"))
+    for name, expr, why in bad:
+        if name not in df.columns:
+            continue
+        rows = df.filter(expr.fill_null(False))
+        if rows.height:
+            raise MoesimError(f"{path}: a row of this trace has {name} = {rows[name][0]!r}, {why}: results of "
+                              "another trace with the same digest, or a damaged file")
 
 
 def conform_rows(df):
@@ -125,11 +189,12 @@ def conform_rows(df):
 
 class ResultStore:
     """Rows of one results file, plus what this process adds; ``flush`` merges them into both files.
-    ``inputs``: the sweep's traces, which neither file may be."""
+    ``inputs``: the sweep's traces, which neither file may be; ``traces``: {digest: (model_id, n_experts,
+    n_tokens or None)}, which the stored rows of those traces must agree with."""
 
     def __init__(self, path: str | os.PathLike | None, inputs=(), *, baseline: str = DEFAULT_BASELINE,
-                 rank_by: str = "class"):
-        self.baseline, self.rank_by = baseline, rank_by
+                 rank_by: str = "class", traces: dict | None = None):
+        self.baseline, self.rank_by, self.traces = baseline, rank_by, traces
         self.path = Path(path) if path is not None else None
         if self.path is not None and self.path.suffix != ".parquet":
             raise MoesimError(f"{self.path}: sweep results are stored as Parquet (-o NAME.parquet); "
@@ -160,7 +225,7 @@ class ResultStore:
         import polars as pl
 
         assert self.path is not None
-        found = _read(self.path)
+        found = _read(self.path, self.traces)
         self._seen = self._signature()
         if found is None:
             return

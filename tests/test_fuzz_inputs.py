@@ -81,13 +81,18 @@ def _forge_footer_number(data: bytes, rng: np.random.Generator) -> bytes:
 def _mutate_bytes(data: bytes, rng: np.random.Generator) -> bytes:
     if rng.random() < 0.4:
         return _forge_footer_number(data, rng)
-    b = bytearray(data)
     footer = int.from_bytes(data[-8:-4], "little") + 8
+    return edit_bytes(data, rng, lambda n: (max(0, n - footer), n))  # half the edits in the footer
+
+
+def edit_bytes(data: bytes, rng: np.random.Generator, region=None) -> bytes:
+    """1-3 edits (flip a bit, set a byte, overwrite a run, delete, insert, truncate), each at a random place,
+    half of them within ``region(len) -> (lo, hi)`` when given (a footer, a header)."""
+    b = bytearray(data)
     for _ in range(int(rng.integers(1, 4))):
         kind = rng.integers(0, 6)
-        # half the edits land in the footer (schema, metadata, row counts), the rest anywhere
-        lo = max(0, len(b) - footer) if rng.random() < 0.5 else 0
-        i = int(rng.integers(lo, len(b)))
+        lo, hi = region(len(b)) if region is not None and rng.random() < 0.5 else (0, len(b))
+        i = int(rng.integers(lo, max(hi, lo + 1)))
         if kind == 0:
             b[i] ^= 1 << int(rng.integers(0, 8))
         elif kind == 1:

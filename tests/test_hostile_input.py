@@ -182,6 +182,10 @@ def test_hostile_hardware_files(old, new, pattern, tmp_path):
     ("top_k = 8", 'top_k = "8"', "moe.top_k must be a whole number"),
     ("hidden_size = 2048", "hidden_size = 1e12", "dense.hidden_size must be between"),
     ("n_experts = 128", "n_experts = 128.0", None),  # a whole float is a whole number
+    ('gating = "softmax"', 'gating = "banana"', "moe.gating 'banana' is not one of softmax, softmax_topk, sigmoid"),
+    ("active_params_b = 3.3", "active_params_b = 40.0", "active_params_b \\(40\\) exceeds total_params_b \\(30.5\\)"),
+    ("n_kv_heads = 4", "n_kv_heads = 5", "attention.n_kv_heads \\(5\\) must divide n_heads \\(32\\)"),
+    ("n_kv_heads = 4", "n_kv_heads = 64", "attention.n_kv_heads \\(64\\) must divide n_heads"),
 ])
 def test_hostile_model_files(old, new, pattern, tmp_path):
     path = _edited(tmp_path, PRESETS / "models" / "qwen3-30b-a3b.toml", old, new)

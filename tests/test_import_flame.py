@@ -128,6 +128,10 @@ BAD = {
                          "token_id 2 has 3 nonzero experts, the first row has 2"),
     "non-numeric cell": (lambda t: _edit(_one(t, "Encoder_Batch_0-2/Layer_3/*.csv"), 2,
                                          "0,1,abc,0,0,0,0,0,0.2,0.3"), "prefill", "not a valid FLAME CSV"),
+    "nan cell": (lambda t: _edit(_one(t, "Encoder_Batch_0-2/Layer_3/*.csv"), 2, "0,1,nan,0,0,0,0,0,0.2,0.3"),
+                 "prefill", "probabilities must be finite"),  # a number, not an empty cell
+    "latin-1 cell": (lambda t: _one(t, "Encoder_Batch_0-2/Layer_3/*.csv").write_bytes(b"layer_id,token_id,caf\xe9\n"),
+                     "prefill", "not UTF-8 text \\(byte 21\\)"),
     "probability above 1": (lambda t: _edit(_one(t, "Encoder_Batch_0-2/Layer_3/*.csv"), 2,
                                             "0,1,0,0,0,0,0,0,1.5,0.3"), "prefill", "within 0..1"),
     "duplicate token_id": (lambda t: _edit(_one(t, "Encoder_Batch_0-2/Layer_3/*.csv"), 2,

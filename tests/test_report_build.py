@@ -215,10 +215,14 @@ def test_rebuild_replaces_atomically_and_refuses_foreign_dirs(rep, tmp_path):
 
     out = tmp_path / "rep"
     build_report(out, trace=rep["trace"], budgets=[0.25])  # trace-only builds: quicker, same publishing
-    (out / "stale.txt").write_text("from an older report")
+    (out / "index.html").write_text("an older page")  # named by the old report.json: replaced
     build_report(out, trace=rep["trace"], budgets=[0.25])
-    assert not (out / "stale.txt").exists() and (out / "index.html").is_file()
+    assert "an older page" not in (out / "index.html").read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary directories left behind"
+    (out / "notes.txt").write_text("mine")  # not written by the report: never deleted with the old report
+    with pytest.raises(MoesimError, match="holds files the earlier report did not write \\(notes.txt\\)"):
+        build_report(out, trace=rep["trace"], budgets=[0.25])
+    assert (out / "notes.txt").read_text() == "mine"
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("precious")

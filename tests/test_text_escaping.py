@@ -83,6 +83,32 @@ def test_sweep_tables_escape_model_ids(trace):
             assert "<script" not in res.stdout and "<!--" not in res.stdout
 
 
+@pytest.mark.parametrize("cmd", ["sweep", "mrc"])
+def test_csv_output_escapes_model_ids_and_machine_names(cmd, trace, tmp_path):
+    from conftest import REPO
+
+    hw = tmp_path / "evil-hw.toml"
+    src = (REPO / "costmodel" / "presets" / "hardware" / "rtx3090-pcie4.toml").read_text()
+    hw.write_text(re.sub(r'^name = ".*"$', lambda m: 'name = "box\\u001b]0;pwned\\u0007"', src, count=1,
+                         flags=re.M))
+    extra = ["--budget", "0.25", "-e", "lru", "-m", "fetch-all", "--hw", str(hw)] if cmd == "sweep" else ["-e", "lru"]
+    res = CliRunner().invoke(cli, [cmd, str(trace), *extra, "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.stdout and "\x07" not in res.stdout
+    assert "\\x1b]0;pwned\\x07" in res.stdout
+
+
+def test_exported_llama_cpp_flags_keep_every_comment_one_line(trace, tmp_path):
+    named = tmp_path / "a\n--override-kv evil\rb.parquet"
+    named.write_bytes(trace.read_bytes())
+    out = tmp_path / "flags.txt"
+    res = CliRunner().invoke(cli, ["export", str(named), "-b", "0.5", "--format", "llama.cpp", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = out.read_text().splitlines()
+    assert all(x.startswith(("#", "--n-cpu-moe ", "-ot ")) for x in lines), lines
+    assert "\x1b" not in out.read_text() and "\r" not in out.read_text()
+
+
 def test_error_lines_show_escapes(tmp_path):
     res = CliRunner().invoke(cli, ["info", str(tmp_path / "x\x1b[2Jy.parquet")])
     assert res.exit_code == 2 and "\x1b" not in res.stderr and "\\x1b[2J" in res.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 import click
 
@@ -59,8 +60,14 @@ class MoesimGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        from moesim.files import tracking_inputs
+
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            # Python warnings (a library's) are held back: after an error only its one line is printed; after
+            # success each distinct warning is one line too
+            with tracking_inputs(), warnings.catch_warnings(record=True) as caught:
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            _warnings(caught)
         except MoesimError as exc:
             _fail(str(exc), 2)
         except click.UsageError as exc:
@@ -86,6 +93,13 @@ class MoesimGroup(click.Group):
             where = getattr(exc, "filename", None)
             _fail((f"{where}: " if where else "") + os_error_message(exc), 2)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _warnings(caught) -> None:
+    from moesim.textsafe import term
+
+    for text in dict.fromkeys(f"{w.category.__name__}: {' '.join(str(w.message).split())}" for w in caught):
+        click.echo(f"moesim: warning: {term(text)}", err=True)
 
 
 def _fail(message: str, code: int):

@@ -34,6 +34,7 @@ def command(runs, hw, model, output):
         click.echo(f"{r['model']} {r['quant']} {r['placement']}: measured {r['tok_s']:.4g} tok/s, "
                    f"ln(predicted/measured) {b:+.3f} -> {a:+.3f}")
     write_text(dumps(machine_doc(res, runs)), output, inputs=[runs, hw if Path(hw).is_file() else None])
-    echo_kv([("fitted", ", ".join(res["fitted"]) or "nothing (too few runs load a rate)"),
+    echo_kv([("fitted", ", ".join(res["fitted"]) or "nothing (too few runs load a rate, or the fit was rejected)"),
+             *([("rejected", "; ".join(res["rejected"]))] if res["rejected"] else []),
              ("VRAM rate x", f"{res['vram_factor']:.3g}"), ("CPU expert rate x", f"{res['cpu_factor']:.3g}"),
              ("written", output)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import echo_json
+from moesim.cli.output import FINITE, echo, echo_json
 from moesim.cli.simulate import EVICTION_HELP, MISS_HELP
 from moesim.cli.trace import CANDIDATES, DENSE, DOMAINS, MAX_TOKENS, TEXTS
 
@@ -17,7 +17,7 @@ FLUSH_SECONDS = 30.0
 @DOMAINS
 @click.option("--eviction", "-e", default="lru", show_default=True, help=EVICTION_HELP)
 @click.option("--miss", "-m", default="fetch-all", show_default=True, help=MISS_HELP)
-@click.option("--admit", type=float, default=None,
+@click.option("--admit", type=FINITE, default=None,
               help="Background admission: a substituted/dropped expert whose gate weights add up to β is admitted "
                    "at the layer's next step.")
 @click.option("--budget", "-b", multiple=True, metavar="F",
@@ -97,7 +97,7 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
             echo_json(doc)
         else:
             for line in render(doc):
-                click.echo(line)
+                echo(line)
         if out:
             click.echo(f"wrote {out} (closed-loop routing, {doc['setup']['tokens']} tokens)", err=True)
         return
@@ -178,6 +178,14 @@ def configs_from_grid(spec: str, budgets: list[float], slots: list[int], **scala
         from moesim.emulator.policy import check_config
 
         check_config(bad[0])
+    if grid.prefetches is None:  # the prefetch variants the grid adds by itself: asked for by no one here
+        skipped = [c for c in out.values() if c.prefetch != "none"]
+        if skipped:
+            names = ", ".join(c.label() for c in skipped)
+            echo(f"note: left out the grid's {len(skipped)} prefetch configs ({names}): "
+                 "the emulator replays one layer at a time, and under fetch-all a prefetch changes when experts "
+                 "arrive, not which run (their quality is the fetch-all row's)", err=True)
+        return [c for c in out.values() if c.prefetch == "none"]
     return list(out.values())
 
 
@@ -210,14 +218,14 @@ def _print_grid(df, em, fmt):
         click.echo(json.dumps(_plain({"setup": em.setup.to_dict(), "rows": df.to_dicts()}), indent=2))
         return
     s = em.setup
-    click.echo(f"{s.model_id}: {s.scored_tokens:,} scored tokens in {s.windows} window(s) of <= {s.window}, "
+    echo(f"{s.model_id}: {s.scored_tokens:,} scored tokens in {s.windows} window(s) of <= {s.window}, "
                f"{s.dtype} on {s.device}; baseline ppl {df['ppl_baseline'][0]:.4f}")
     click.echo(f"{'policy':<40} {'size':>10} {'ppl':>10} {'dppl %':>8} {'mass/step':>10} {'open m/step':>11} "
                f"{'hit %':>6}  class")
     for r in df.sort(["budget", "slots", "dppl_pct"], nulls_last=True).to_dicts():
         size = f"b {r['budget']:g}" if r["budget"] is not None else f"{r['slots']} slots"
         cls = "fetches 1st" if r["fetches_first"] else "substitutes 1st"
-        click.echo(f"{r['policy']:<40} {size:>10} {r['ppl']:10.4f} {r['dppl_pct']:+8.3f} {r['mass_per_step']:10.4f} "
+        echo(f"{r['policy']:<40} {size:>10} {r['ppl']:10.4f} {r['dppl_pct']:+8.3f} {r['mass_per_step']:10.4f} "
                    f"{r['open_mass_per_step']:11.4f} {100 * r['hit_rate']:6.1f}  {cls}")
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, echo_json, echo_kv, human_bytes
+from moesim.cli.output import FINITE, FORMAT_OPTION, FiniteRange, echo_json, echo_kv, human_bytes
 
-FRACTION = click.FloatRange(0.0, 1.0)
+FRACTION = FiniteRange(0.0, 1.0)
 
 
 @click.command("estimate")
@@ -36,9 +36,9 @@ FRACTION = click.FloatRange(0.0, 1.0)
                                            "from NVMe (sets --vram-hit 0 --ram-hit 0 --dense nvme).")
 @click.option("--context", type=click.IntRange(min=0), default=0, show_default=True,
               help="Earlier tokens whose KV cache each decoded token reads (0: KV reads not counted).")
-@click.option("--zipf", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+@click.option("--zipf", type=FiniteRange(min=0.0), default=0.0, show_default=True,
               help="Per-layer expert popularity skew for the defaults (0: uniform access).")
-@click.option("--union", type=float, default=None,
+@click.option("--union", type=FINITE, default=None,
               help="Distinct experts read per layer per step (default: expected union of --batch selections).")
 @click.option("--prefill", "prefill", type=click.IntRange(min=0), default=0,
               help="Also cost a prompt of this many tokens (compute- or memory-bound, whichever is slower).")

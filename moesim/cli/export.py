@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import echo
+from moesim.cli.output import FINITE, echo
 
 
 @click.command("export")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
-@click.option("--budget", "-b", type=float, default=None,
+@click.option("--budget", "-b", type=FINITE, default=None,
               help="VRAM for experts as a fraction of each layer's routed experts (the same VRAM as floor(F·E) "
                    "slots per layer).")
 @click.option("--slots", "-s", type=int, default=None, help="VRAM for experts as cache slots per layer.")
@@ -33,7 +33,7 @@ from moesim.cli.output import echo
                    "the ideal bandwidth model for static).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=str),
               help="File to write (text for llama.cpp, CSV for pins, JSON for json).")
-@click.option("--ci", "ci", type=float, default=None, metavar="LEVEL",
+@click.option("--ci", "ci", type=FINITE, default=None, metavar="LEVEL",
               help="Also give LEVEL% confidence intervals of the expected hit rate and time (docs/uncertainty.md).")
 def command(trace, budget, slots, policy, fmt, allocation, hw, model, quant, engine, output, ci):
     """Write the experts (or whole layers) a static placement keeps on the GPU

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -13,6 +14,27 @@ from moesim.textsafe import term
 
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                              show_default=True, help="Output format.")
+
+
+class _Finite:
+    """A float option that refuses nan and inf (they pass Click's range checks: every comparison is false)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+class FiniteFloat(_Finite, click.types.FloatParamType):
+    pass
+
+
+class FiniteRange(_Finite, click.FloatRange):
+    pass
+
+
+FINITE = FiniteFloat()
 
 
 def echo_json(doc) -> None:
@@ -97,7 +119,7 @@ class Progress:
 def ci_options(f):
     """--ci LEVEL, --ci-resamples B, --ci-unit RULE: confidence intervals (docs/uncertainty.md)."""
     opts = [
-        click.option("--ci", "ci", type=float, default=None, metavar="LEVEL",
+        click.option("--ci", "ci", type=FINITE, default=None, metavar="LEVEL",
                      help="Add LEVEL% confidence intervals (e.g. 95): a percentile bootstrap over the trace's "
                           "sequences (blocks of tokens when it has one) of the one replay's counts; tables show "
                           "value ± half-width (docs/uncertainty.md)."),

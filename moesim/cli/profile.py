@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, ci_options, echo, echo_json, make_ci
+from moesim.cli.output import FINITE, FORMAT_OPTION, ci_options, echo, echo_json, make_ci
 
 
 @click.command("profile")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
 @FORMAT_OPTION
-@click.option("--budget", "-b", type=float, default=None,
+@click.option("--budget", "-b", type=FINITE, default=None,
               help="Also replay fetch-all at this budget (fraction of each layer's experts) with lru, lfu, static "
                    "and belady: the hit-rate table of the 'Cacheable by design?' study, overall and per layer.")
 @click.option("--slots", "-s", type=int, default=None, help="As --budget, in cache slots per layer.")

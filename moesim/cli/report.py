@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import ci_options, make_ci
+from moesim.cli.output import FINITE, ci_options, make_ci
 
 
 @click.command("report")
@@ -12,7 +12,7 @@ from moesim.cli.output import ci_options, make_ci
 @click.option("--trace", "trace", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="The sweep's trace (default: the path the sweep recorded, if it still exists). Adds the "
                    "profile, gate-weight, domain and per-token charts and the routing-profile table.")
-@click.option("--budget", "budgets", type=float, multiple=True,
+@click.option("--budget", "budgets", type=FINITE, multiple=True,
               help="Budgets for the routing-profile table and the per-token replays (default: the sweep's; "
                    "without results 0.125, 0.25, 0.5). Repeatable.")
 @click.option("--quality", "quality", type=click.Path(dir_okay=False, path_type=str), default=None,
@@ -23,7 +23,8 @@ from moesim.cli.output import ci_options, make_ci
 @click.option("--baseline", default=None, metavar="PRESET|EVICTION/MISS[/admit β]",
               help="The config every speed-up divides by (default: the one the sweep used; see moesim sweep).")
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=str), required=True,
-              help="Report directory to write (replaced atomically if it holds an earlier report).")
+              help="Report directory to write (replaced atomically if it holds an earlier report and only the files "
+                   "that report wrote).")
 @ci_options
 def command(results, trace, budgets, quality, title, baseline, out, ci, ci_resamples, ci_unit, ci_method):
     """Write a self-contained HTML report of sweep RESULTS (results.parquet from `moesim sweep`) and/or

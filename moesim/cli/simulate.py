@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import FORMAT_OPTION, WIDTH, ci_options, echo, echo_json, make_ci
+from moesim.cli.output import FINITE, FORMAT_OPTION, WIDTH, ci_options, echo, echo_json, make_ci
 from moesim.policies import miss, prefetch, registry
 
 EVICTION_HELP = registry.help_text()
@@ -18,10 +18,10 @@ def policy_options(f):
     opts = [
         click.option("--eviction", "-e", default="lru", show_default=True, help=EVICTION_HELP),
         click.option("--miss", "-m", default="fetch-all", show_default=True, help=MISS_HELP),
-        click.option("--admit", type=float, default=None,
+        click.option("--admit", type=FINITE, default=None,
                      help="Background admission: a substituted/dropped expert whose gate weights add up to "
                           "β is copied into the cache (admitted at the layer's next step)."),
-        click.option("--budget", "-b", type=float, default=None,
+        click.option("--budget", "-b", type=FINITE, default=None,
                      help="Cache size as a fraction of each layer's routed experts: floor(F·E) slots per layer."),
         click.option("--slots", "-s", type=int, default=None, help="Cache slots per layer."),
         click.option("--allocation", type=click.Choice(["per-layer", "global"]), default="per-layer",
@@ -58,7 +58,7 @@ STEP_PIN_OPTION = click.option(
          "not evicted by its misses, which are fetched together (not for arc, s3fifo, sieve, clock; "
          "docs/replay-semantics.md).")
 LOWBIT_SHARE_OPTION = click.option(
-    "--lowbit-share", type=float, default=None, metavar="F",
+    "--lowbit-share", type=FINITE, default=None, metavar="F",
     help="Tiered residency: keep floor(F·slots) of each layer's slots as low-bit copies (--lowbit-quant) of the most "
          "requested experts, as many as their bytes allow; a miss with a low-bit copy runs it without a transfer.")
 LOWBIT_QUANT_OPTION = click.option(
@@ -135,8 +135,9 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     from moesim.files import check_output
     from moesim.sweeps.single import simulate_one
 
+    inputs = [trace, prefetch_train]
     if per_token:
-        check_output(per_token, [trace])
+        check_output(per_token, inputs)
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads,
                          lowbit_share, lowbit_quant)
@@ -147,7 +148,7 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
     if per_token:
         from moesim.files import write_table
 
-        write_table(result.tokens_frame(), per_token, inputs=[trace])
+        write_table(result.tokens_frame(), per_token, inputs=inputs)
     row = one.row.row(0, named=True)
     doc = result.to_dict()
     doc["trace"].update(path=trace, model=row["model_id"])

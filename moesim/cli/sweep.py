@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from moesim.cli.output import Progress, ci_options, make_ci
+from moesim.cli.output import FINITE, FiniteRange, Progress, ci_options, make_ci
 from moesim.cli.simulate import (
     EVICTION_HELP,
     LOWBIT_QUANT_OPTION,
@@ -86,24 +86,24 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @click.option("--jobs", "-j", type=int, default=None, help="Worker processes (default: one per core).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: forked processes on this machine; ray: Ray tasks (RAY_ADDRESS or a local cluster).")
-@click.option("--top", type=int, default=None, help="Print only the best N configs of each group.")
+@click.option("--top", type=click.IntRange(min=1), default=None, help="Print only the best N configs of each group.")
 @click.option("--baseline", default=None, metavar="PRESET|EVICTION/MISS[/admit β]",
               help="The config every speed-up divides by, added to every group (default: the fetch-all preset, "
                    "lru/fetch-all: what an offloading engine without a policy runs).")
 @click.option("--rank-by", "rank_by", type=click.Choice(["class", "time"]), default="class", show_default=True,
               help="class: policies that always run the router's first choice first (substituted mass tracks "
                    "perplexity within that class), then time per token; time: time per token alone.")
-@click.option("--max-mass", "max_mass", type=click.FloatRange(min=0.0), default=None, metavar="M",
+@click.option("--max-mass", "max_mass", type=FiniteRange(min=0.0), default=None, metavar="M",
               help="Print only configs that substitute or drop at most M gate mass per (token, layer) step.")
 @click.option("--wide", is_flag=True,
               help="Print every column (first-choice substitutions, GB per token, VRAM); the default fits 120 "
                    "columns.")
-@click.option("--flush-every", type=float, default=2.0, show_default=True, metavar="SECONDS",
+@click.option("--flush-every", type=FiniteRange(min=0.0), default=2.0, show_default=True, metavar="SECONDS",
               help="Save finished rows to -o at least this often.")
 @click.option("--quality", "quality", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="Quality results of the trace's model (moesim emulate --grid ... -o): adds measured dppl %, and for "
                    "policies that always fetch the first choice an estimate from the model's mass fit (marked ~).")
-@click.option("--max-dppl", type=float, default=None, metavar="X",
+@click.option("--max-dppl", type=FINITE, default=None, metavar="X",
               help="With --quality: rank only the configs whose dppl % (measured or estimated) is at most X.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
@@ -150,7 +150,24 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     def given(values):  # a repeatable flag that was not given keeps the file's (or the default) axis
         return list(values) or None
 
+    from moesim.files import note_input
+
+    for path in (*traces, config, prefetch_train, quality):  # read here or in a worker: no output may replace them
+        note_input(path)
+    if report_dir:  # before the replays: a report that cannot be written fails at once
+        from moesim.reports.report import check_destination
+
+        check_destination(report_dir, [output, layers_path(output)] if output else [])  # the report reads -o
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
+    qual = None
+    if quality:  # read before the replays: a bad file fails at once, and no output may replace it
+        from moesim.emulator.quality import read_quality
+
+        qual = read_quality(quality)
+    elif max_dppl is not None:
+        from moesim.errors import MoesimError
+
+        raise MoesimError("--max-dppl needs --quality (measured perplexity from moesim emulate)")
     grid = grid_from_options(config, budgets=given(budget), slots=given(slots), evictions=given(eviction),
                              misses=given(miss), thetas=given(theta), admits=given(admit),
                              allocations=given(allocation), batches=given(batch), warm=warm,
@@ -163,17 +180,12 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)
     df = out.rows
-    if quality:
-        from moesim.emulator.quality import read_quality
+    if qual is not None:
         from moesim.sweeps.quality import attach_quality, within
 
-        df = attach_quality(df, read_quality(quality))
+        df = attach_quality(df, qual, source=quality)
         if max_dppl is not None:
             df = within(df, max_dppl, baseline=grid.baseline, rank_by=rank_by)
-    elif max_dppl is not None:
-        from moesim.errors import MoesimError
-
-        raise MoesimError("--max-dppl needs --quality (measured perplexity from moesim emulate)")
     synthetic = bool(df["synthetic"].any()) if df.height else False
 
     def distinct(col):

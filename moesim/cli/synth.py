@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import click
 
+# The most tokens one synth run writes: its plan alone holds ~26 bytes a token before any routing is drawn
+# (traces/synthetic.py plan_tokens; 10^9 tokens would allocate 7.45 GiB in one array).
+MAX_TOKENS = 100_000_000
+
 
 @click.command("synth")
 @click.option("--preset", required=True, metavar="NAME",
               help="Model preset: qwen3-next-80b-a3b, qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b, deepseek-v3, "
                    "olmoe-1b-7b, gpt-oss-120b.")
-@click.option("--tokens", required=True, type=int, help="Tokens in all (each token has every MoE layer).")
+@click.option("--tokens", required=True, type=click.IntRange(max=MAX_TOKENS),
+              help=f"Tokens in all (each token has every MoE layer); at most {MAX_TOKENS:,}.")
 @click.option("--seqs", default=1, show_default=True, type=int, help="Sequences the tokens are split into.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed; same seed, same trace.")
 @click.option("--domains", default=None, metavar="A,B,...",

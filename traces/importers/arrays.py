@@ -13,22 +13,23 @@ unpickled. Positions count the tokens of each sequence in array order.
 from __future__ import annotations
 
 import os
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.files import check_output, regular_file
+from moesim.files import check_output
 from moesim.traces.importers.common import (
     ImportResult,
     id_span_note,
     preset_for,
     preset_meta,
+    to_int64,
     tracer_info,
     write_topk_trace,
 )
 from moesim.traces.importers.moe_infinity import parse_layers
+from moesim.traces.importers.npy import load_npy, load_npz, magic
 from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP
 
@@ -65,7 +66,7 @@ def import_array(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
             raise MoesimError(f"{path}: seq must hold one sequence id per token ({T}), got shape {seq.shape}")
         if seq.dtype.kind not in "iu":
             raise MoesimError(f"{path}: seq must hold integers, got dtype {seq.dtype}")
-        seq = seq.astype(np.int64)
+        seq = to_int64(seq, str(path), "seq id")
         if (seq < 0).any() or (seq >= 2**31).any():
             raise MoesimError(f"{path}: seq ids must be non-negative 32-bit integers")
     else:
@@ -91,7 +92,7 @@ def import_array(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
     meta = TraceMeta(model_id=model_id, family=known.pop("family", "unknown"), n_experts=int(E), top_k=k,
                      moe_layers=moe_layers, layout="sparse", n_candidates=k, synthetic=False, tie_order="stored",
                      tracer=tracer_info("array"), source=source, **known)
-    flat = ids.astype(np.int64).reshape(T * L, k)
+    flat = to_int64(ids, str(path), "expert id").reshape(T * L, k)
     return write_topk_trace(out, meta, seq=np.repeat(seq, L), pos=np.repeat(pos, L),
                             layer=np.tile(np.asarray(moe_layers), T), phase=phase, ids=flat, weights=weights,
                             where=str(path), row_group_size=row_group_size, notes=id_span_note(flat, int(E)),
@@ -100,35 +101,12 @@ def import_array(file: str | os.PathLike, out: str | os.PathLike, *, n_experts: 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
     """{'ids': ..., 'weights': ..., 'seq': ...} from a .npy or .npz, without unpickling."""
-    regular_file(path, ".npy or .npz file")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(6)
-    except OSError as exc:
-        raise MoesimError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        if magic == b"\x93NUMPY":
-            return {"ids": np.load(path, allow_pickle=False)}
-        if magic[:2] != b"PK":
-            raise MoesimError(f"{path}: not a .npy or .npz file (no NumPy header)")
-        with np.load(path, allow_pickle=False) as z:
-            found = {}
-            for key, names in NAMES.items():
-                hits = [n for n in names if n in z.files]
-                if len(hits) > 1:
-                    raise MoesimError(f"{path}: arrays {', '.join(hits)} all mean {key}; keep one")
-                if hits:
-                    found[key] = z[hits[0]]
-            if "ids" not in found:
-                raise MoesimError(f"{path}: no selected-id array (expected one named {' / '.join(NAMES['ids'])}; "
-                                  f"the archive holds {', '.join(z.files) or 'nothing'})")
-            return found
-    except ValueError as exc:
-        if "pickle" in str(exc).lower():
-            raise MoesimError(f"{path}: holds Python objects (pickled); expected numeric arrays") from None
-        raise MoesimError(f"{path}: not a readable NumPy file ({' '.join(str(exc).split())[:120]})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise MoesimError(f"{path}: not a readable NumPy file ({' '.join(str(exc).split())[:120]})") from None
+    head = magic(path, ".npy or .npz file")
+    if head == b"\x93NUMPY":
+        return {"ids": load_npy(path)}
+    if head[:2] != b"PK":
+        raise MoesimError(f"{path}: not a .npy or .npz file (no NumPy header)")
+    return load_npz(path, NAMES, "ids", "selected-id")
 
 
 def _positions(seq: np.ndarray) -> np.ndarray:

@@ -53,6 +53,15 @@ def check_keys(seq: np.ndarray, pos: np.ndarray, layer: np.ndarray, moe_layers, 
     return slot_index(seq, pos, layer, tuple(moe_layers), where)[2]
 
 
+def to_int64(a: np.ndarray, where: str, what: str) -> np.ndarray:
+    """Whole numbers as int64; a value past its range is named as it is (a uint64 2^64-1 would wrap to -1)."""
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise MoesimError(f"{where}: {what} {int(a.max())} is out of range (at most 2^63-1)")
+    if a.dtype.kind == "f" and a.size and not (np.abs(a) < 2.0**63).all():
+        raise MoesimError(f"{where}: {what} {float(a[~(np.abs(a) < 2.0**63)][0])!r} is out of range")
+    return a.astype(np.int64)
+
+
 def check_topk_ids(ids: np.ndarray, E: int, where: str) -> None:
     if ids.size and (ids.min() < 0 or ids.max() >= E):
         bad = int(ids[(ids < 0) | (ids >= E)][0])
@@ -136,11 +145,27 @@ def load_json(path: Path):
     (Python's parser recurses once per level) is a MoesimError, never a traceback."""
     data = read_bytes(path, "JSON file")
     try:
-        return json.loads(data)
+        return json.loads(data, object_pairs_hook=_one_of_each)
+    except _Duplicate as dup:
+        raise MoesimError(f"{path}: a JSON object names {dup.args[0]!r} twice (two prompts or fields of one name: "
+                          "one would be lost)") from None
     except RecursionError:
         raise MoesimError(f"{path}: JSON nested too deeply (routing records are a few levels deep)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise MoesimError(f"{path}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _one_of_each(pairs: list) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Duplicate(k)
+        out[k] = v
+    return out
 
 
 def preset_for(model_id: str | None):

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.files import check_output, regular_file
+from moesim.files import check_output, check_utf8
 from moesim.traces.importers.common import ImportResult, tracer_info, write_topk_trace
 from moesim.traces.meta import TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP
@@ -254,7 +254,7 @@ def read_csv(file: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    regular_file(file, "CSV file")
+    check_utf8(file, "CSV file")
     with open(file, "rb") as f:
         header = f.readline().decode("utf-8", "replace").strip().split(",")
     if len(header) < 3 or header[:2] != ["layer_id", "token_id"]:
@@ -268,8 +268,9 @@ def read_csv(file: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
                           "(experts must be expert_0..expert_<E-1> in order)")
     types = {"layer_id": pa.int64(), "token_id": pa.int64(), **{c: pa.float64() for c in want}}
     try:
-        table = pacsv.read_csv(file, convert_options=pacsv.ConvertOptions(column_types=types,
-                                                                          include_columns=header))
+        # only an empty cell is missing: a 'nan' probability is a number, refused below as not finite
+        table = pacsv.read_csv(file, convert_options=pacsv.ConvertOptions(column_types=types, include_columns=header,
+                                                                          null_values=[""]))
     except (pa.ArrowException, OSError) as exc:
         raise MoesimError(f"{file}: not a valid FLAME CSV ({' '.join(str(exc).split())[:160]})") from None
     if table.num_rows == 0:

@@ -16,30 +16,36 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.files import check_output, regular_file
+from moesim.files import check_output
 from moesim.traces.importers.common import ImportResult, tracer_info
+from moesim.traces.importers.npy import load_npy, magic
 from moesim.traces.meta import GATINGS, TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP, TraceWriter
 
+MAX_LAYER_INDEX = 32767  # the trace's int16 layer column
+
 
 def parse_layers(spec: str | None, n: int) -> tuple[int, ...]:
-    """'0-23', '1,3,5' or None (0..n-1) -> layer indices; must name n layers."""
+    """'0-23', '1,3,5' or None (0..n-1) -> layer indices; must name n layers (counted before any range is
+    built: '0-999999999999' would not fit in memory)."""
     if spec is None:
         return tuple(range(n))
-    out: list[int] = []
-    try:
-        for part in spec.split(","):
-            part = part.strip()
-            if "-" in part:
-                a, b = part.split("-")
-                out.extend(range(int(a), int(b) + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise MoesimError(f"--layers {spec!r}: expected indices like '0-23' or '1,3,5'") from None
-    if len(out) != n:
-        raise MoesimError(f"--layers {spec!r} names {len(out)} layers, the matrix has {n}")
-    return tuple(out)
+    spans = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        a, dash, b = part.partition("-")
+        try:
+            lo, hi = int(a), int(b if dash else a)
+        except ValueError:
+            raise MoesimError(f"--layers {spec!r}: expected indices like '0-23' or '1,3,5'") from None
+        if not 0 <= lo <= hi <= MAX_LAYER_INDEX:
+            raise MoesimError(f"--layers {spec!r}: {part!r} is not a range of layer indices in 0..{MAX_LAYER_INDEX}")
+        spans.append((lo, hi))
+    count = sum(hi - lo + 1 for lo, hi in spans)
+    if count != n:
+        raise MoesimError(f"--layers {spec!r} names {count} layers, the matrix has {n}")
+    return tuple(i for lo, hi in spans for i in range(lo, hi + 1))
 
 
 def import_moe_infinity(file: str | os.PathLike, out: str | os.PathLike, *, top_k: int,
@@ -94,21 +100,12 @@ def import_moe_infinity(file: str | os.PathLike, out: str | os.PathLike, *, top_
 
 def load_counts(path: Path) -> np.ndarray:
     """The [requests, layers, experts] matrix as int64, checked."""
-    regular_file(path, ".npy file")
-    with open(path, "rb") as f:
-        magic = f.read(6)
-    if magic[:2] == b"PK":
+    head = magic(path, ".npy file")
+    if head[:2] == b"PK":
         raise MoesimError(f"{path}: is an .npz archive; expected a single .npy array")
-    if magic != b"\x93NUMPY":
+    if head != b"\x93NUMPY":
         raise MoesimError(f"{path}: not a .npy file (no NumPy header)")
-    try:
-        a = np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        if "pickle" in str(exc).lower():
-            raise MoesimError(f"{path}: holds Python objects (pickled); expected a numeric .npy array") from None
-        raise MoesimError(f"{path}: not a .npy array ({' '.join(str(exc).split())[:120]})") from None
-    except (OSError, EOFError) as exc:
-        raise MoesimError(f"{path}: not a readable .npy file ({' '.join(str(exc).split())[:120]})") from None
+    a = load_npy(path)
     if a.dtype.kind not in "iuf":
         raise MoesimError(f"{path}: expected a numeric array, got dtype {a.dtype}")
     if a.ndim != 3:

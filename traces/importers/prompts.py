@@ -23,6 +23,7 @@ from moesim.traces.importers.common import (
     load_json,
     preset_for,
     preset_meta,
+    to_int64,
     tracer_info,
     write_topk_trace,
 )
@@ -124,7 +125,7 @@ def _grid(x, L: int | None, k: int | None, where: str, allow_empty: bool) -> np.
         a = None
     if a is not None and a.ndim == 3 and a.dtype.kind in "iu" and 0 not in a.shape \
             and (L is None or a.shape[1] == L) and (k is None or a.shape[2] == k):
-        return a.astype(np.int64)
+        return to_int64(a, where, "expert id")
     # the slow walk only runs to say what is wrong
     for t, tok in enumerate(x):
         if not isinstance(tok, list) or not tok:

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from moesim.errors import MoesimError
-from moesim.files import check_output, regular_file
-from moesim.traces.importers.common import ImportResult, tracer_info, write_topk_trace
+from moesim.files import check_output, check_utf8, regular_file
+from moesim.traces.importers.common import ImportResult, to_int64, tracer_info, write_topk_trace
 from moesim.traces.meta import GATINGS, PHASES, TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP
 
@@ -143,7 +143,10 @@ def _read(path: Path):
             import pyarrow.csv as pacsv
 
             delim = "\t" if suffix == ".tsv" else ","
-            return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(delimiter=delim))
+            check_utf8(path, "CSV file")
+            # only an empty cell is missing: 'nan' stays a number, refused where a number must be finite
+            return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(delimiter=delim),
+                                  convert_options=pacsv.ConvertOptions(null_values=[""]))
     except (pa.ArrowException, OSError) as exc:
         raise MoesimError(f"{path}: cannot read it as {suffix[1:]} ({' '.join(str(exc).split())[:160]})") from None
     raise MoesimError(f"{path}: unknown table format {suffix!r} (expected .csv, .tsv or .parquet)")
@@ -175,7 +178,7 @@ def _ints(table, col: str, where: str) -> np.ndarray:
     a = arr.to_numpy()
     if a.dtype.kind == "f" and (not np.isfinite(a).all() or (a != np.round(a)).any()):
         raise MoesimError(f"{where}: column {col} must hold whole numbers")
-    return a.astype(np.int64)
+    return to_int64(a, where, f"column {col} value")
 
 
 def _floats(table, col: str, where: str) -> np.ndarray:

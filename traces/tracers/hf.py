@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
+import re
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -50,15 +55,23 @@ def load_local(model_dir: str | os.PathLike, dtype: str = "auto", device: str | 
     check_model_dir(model_dir)
     torch, transformers = import_transformers()
     kw = {"local_files_only": True}
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(model_dir), **kw)
-    except (OSError, ValueError) as exc:
-        raise MoesimError(f"{model_dir}: cannot load its tokenizer ({_first_line(exc)})") from None
-    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype, **kw)
-    except (OSError, ValueError) as exc:
-        raise MoesimError(f"{model_dir}: cannot load the model ({_first_line(exc)})") from None
+    with _load_report(transformers) as report:
+        try:
+            transformers.AutoConfig.from_pretrained(str(model_dir), **kw)
+        except Exception as exc:  # noqa: BLE001 - see above
+            raise MoesimError(f"{model_dir}/config.json: transformers refuses it ({_first_line(exc)})") from None
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(str(model_dir), **kw)
+        except Exception as exc:  # noqa: BLE001 - see above
+            raise MoesimError(f"{model_dir}: cannot load its tokenizer ({_first_line(exc)})") from None
+        if not tok("a b", add_special_tokens=False)["input_ids"]:
+            raise MoesimError(f"{model_dir}: its tokenizer turns text into no tokens (no tokenizer.json or "
+                              "tokenizer.model saved with the checkpoint?)")
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype, **kw)
+        except Exception as exc:  # noqa: BLE001 - see above
+            raise MoesimError(f"{model_dir}: cannot load the model ({_why(exc, report.getvalue())})") from None
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -69,8 +82,47 @@ def load_local(model_dir: str | os.PathLike, dtype: str = "auto", device: str | 
     return model, tok
 
 
+# What a damaged or inconsistent checkpoint raises while loading is anyone's guess: a config value of the
+# wrong type (a strict-dataclass TypeError), weights of other shapes than config.json says (RuntimeError), a
+# truncated safetensors file (safetensors' own Exception subclass)... All are the checkpoint's fault.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@contextlib.contextmanager
+def _load_report(transformers):
+    """transformers' log while loading (its weight-loading report names a mismatch), kept off the terminal."""
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    log = transformers.utils.logging
+    level = log.get_verbosity()
+    log.disable_default_handler()
+    log.add_handler(handler)
+    log.set_verbosity_warning()  # the loading report is a warning
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield buf
+    finally:
+        log.set_verbosity(level)
+        log.remove_handler(handler)
+        log.enable_default_handler()
+
+
+def _why(exc: Exception, report: str) -> str:
+    """The report line that names a mismatched or missing tensor, else the exception's first line."""
+    for line in _ANSI.sub("", report).splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) >= 3 and cells[1] in ("MISMATCH", "MISSING"):
+            return f"its weights do not match config.json: {cells[0]} {cells[1].lower()}, {cells[2]}"[:300]
+    return _first_line(exc)
+
+
 def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    """The exception's first line (and the next, when the first only introduces it)."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    return " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
 
 
 def tokenizer_bos(tok) -> int | None:

@@ -22,6 +22,17 @@ from moesim.traces.meta import TraceMeta
 from moesim.traces.writer import DEFAULT_ROW_GROUP, TraceWriter
 
 
+def candidate_count(candidates: int | None, n_experts: int, top_k: int, layout: str) -> int:
+    """Candidates stored per row: E in the dense layout, else ``candidates`` (default_candidates when None;
+    0 is refused, not taken for the default), between top-k and E."""
+    if layout == "dense":
+        return n_experts
+    m = default_candidates(n_experts, top_k) if candidates is None else int(candidates)
+    if not top_k <= m <= n_experts:
+        raise MoesimError(f"--candidates must be between top-k={top_k} and E={n_experts}, got {m}")
+    return m
+
+
 def default_candidates(n_experts: int, top_k: int) -> int:
     """Sparse layout default M: enough resident alternatives for substitution, small on disk."""
     return min(n_experts, max(32, 2 * top_k))
@@ -123,9 +134,7 @@ class RouterRecorder:
                 raise MoesimError("top_k is unknown: the router modules do not return their selection; pass top_k=")
             f["top_k"] = int(first.selected.shape[1])
         f.setdefault("moe_layers", sorted(captures))
-        M = E if self.layout == "dense" else int(self.candidates or default_candidates(E, f["top_k"]))
-        if not f["top_k"] <= M <= E:
-            raise MoesimError(f"--candidates must be between top-k={f['top_k']} and E={E}, got {M}")
+        M = candidate_count(self.candidates, E, f["top_k"], self.layout)
         f.update(layout=self.layout, n_candidates=M)
         layers = list(f["moe_layers"])
         if self.selection_bias:
