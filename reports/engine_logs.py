@@ -36,7 +36,8 @@ LLAMA_STEPS = re.compile(r"moe-cache: steps=(\d+) hits=(\d+) misses=(\d+) hit-ra
 LLAMA_FORK = re.compile(r"moe-cache: steps=(\d+) win_hit=[0-9.]+% \(\d+/\d+\) total_hit=([0-9.]+)% \((\d+)/(\d+)\)")
 LLAMA_INIT = re.compile(r"MoE expert cache enabled: (\d+) layers x (\d+) slots, (\d+) inserts/step, "
                         r"([0-9.]+) MiB device memory")
-L2_TEXT = {"hits": re.compile(r"^\s*Hits:\s*([\d,]+)\s*$", re.M), "misses": re.compile(r"^\s*Misses:\s*([\d,]+)\s*$", re.M),
+L2_TEXT = {"hits": re.compile(r"^\s*Hits:\s*([\d,]+)\s*$", re.M),
+           "misses": re.compile(r"^\s*Misses:\s*([\d,]+)\s*$", re.M),
            "rate": re.compile(r"^\s*Hit rate:\s*([0-9.]+)%\s*$", re.M)}
 
 
@@ -97,8 +98,8 @@ def _llama(text: str, path: Path) -> Realized:
             layers, slots, inserts, mib = int(m.group(1)), int(m.group(2)), int(m.group(3)), float(m.group(4))
             new = {"cached_layers": layers, "slots": slots, "max_uploads": inserts, "device_mib": mib}
             if engine and engine != new:
-                raise MoesimError(f"{path}: line {lineno}: a second cache ({layers} layers x {slots} slots) in one log: "
-                                  "two runs? verify one run at a time")
+                raise MoesimError(f"{path}: line {lineno}: a second cache ({layers} layers x {slots} slots) in one "
+                                  "log: two runs? verify one run at a time")
             engine = new
             continue
         m = LLAMA_STEPS.search(line)
@@ -108,7 +109,8 @@ def _llama(text: str, path: Path) -> Realized:
             m = LLAMA_FORK.search(line)
             if not m:
                 if "moe-cache: steps=" in line:
-                    raise MoesimError(f"{path}: line {lineno}: a moe-cache line verify cannot read ({line.strip()[:80]!r})")
+                    raise MoesimError(f"{path}: line {lineno}: a moe-cache line verify cannot read "
+                                      f"({line.strip()[:80]!r})")
                 continue
             steps, rate, hits, total = int(m.group(1)), float(m.group(2)), int(m.group(3)), int(m.group(4))
             if total < hits:

@@ -106,8 +106,9 @@ class Placement:
         most requested first; layers without pins have an empty list."""
         lines = ["# EXPERT_CACHE_PIN_LIST v1", f"# source trace: {self.trace}", f"# top_k: {self.top_k}",
                  "# format: 'layer <il>: <eid_most_freq> <eid_next> ...' (descending by activation count)",
-                 f"# moesim export: {self.policy} placement ({self.model_id}{', SYNTHETIC trace' if self.synthetic else ''}"
-                 f"), {self.slots_per_layer} slots per layer; {_expected_line(self.expected)}",
+                 f"# moesim export: {self.policy} placement ({self.model_id}"
+                 f"{', SYNTHETIC trace' if self.synthetic else ''}), {self.slots_per_layer} slots per layer; "
+                 f"{_expected_line(self.expected)}",
                  "# run the engine with -P equal to -c (every slot pinned) for the placement this expects",
                  f"n_layer {self.n_model_layers}", f"n_expert {self.n_experts}"]
         for il in range(self.n_model_layers):

@@ -156,8 +156,9 @@ def verify(trace, log, *, log_format: str = "auto", eviction: str | None = None,
                           "replays every token)")
     steps = realized.steps if realized.steps is not None else len(tok)
     if steps > len(tok):
-        raise MoesimError(f"{name}: the log covers {steps} {'decode ' if tokens == 'decode' else ''}steps, the trace has "
-                          f"{len(tok)}: is it the trace of the same run?")
+        kind = "decode " if tokens == "decode" else ""
+        raise MoesimError(f"{name}: the log covers {steps} {kind}steps, the trace has {len(tok)}: is it the trace of "
+                          "the same run?")
     sub = _subset(routing, tok[:steps], keep_layers)
     base = dict(eviction=eviction, slots=slots, budget=budget, allocation=allocation)
     stages = [("stream replay (a cache simulator's order)", SimConfig(**base))]
@@ -187,7 +188,8 @@ def verify(trace, log, *, log_format: str = "auto", eviction: str | None = None,
         row: dict[str, Any] = {"layer": layer, "predicted": pr}
         if realized.per_layer is not None:
             h, m = realized.per_layer.get(layer, (0, 0))
-            row.update(realized=h / (h + m) if h + m else math.nan, difference=(h / (h + m) if h + m else math.nan) - pr)
+            rr = h / (h + m) if h + m else math.nan
+            row.update(realized=rr, difference=rr - pr)
         per_layer.append(row)
     if realized.per_layer is not None:
         extra = sorted(set(realized.per_layer) - set(ids))

@@ -21,7 +21,7 @@ from moesim.traces import load_routing
 from moesim.traces.importers.megatron import bf16_to_float32, import_megatron
 
 DIR = FIXTURES / "peers" / "megatron"
-TRACE = DIR / "router_trace_rank0.jsonl"  # 3 steps (6, 3, 3 tokens) x decoder layers 0, 1, 3 (+ an MTP layer), top-2 of 16
+TRACE = DIR / "router_trace_rank0.jsonl"  # 3 steps (6, 3, 3 tokens) x decoder layers 0, 1, 3 (+ MTP), top-2 of 16
 
 
 def records():

@@ -68,7 +68,8 @@ BAD = {
     "T disagrees": (GOOD + ["EXPERT|L0|T2: [1,2]", "EXPERT|L1|T2: [1,2]"], r"line 3: T2 announces 2 token"),
     "id out of range": (GOOD + ["EXPERT|L0|T1: [1,20]", "EXPERT|L1|T1: [1,2]"], r"expert id 20 is outside 0\.\.15"),
     "repeated id": (["EXPERT|L0|T1: [2,2]", "EXPERT|L1|T1: [3,4]"], r"lists one expert twice"),
-    "ragged k": (GOOD + ["EXPERT|L0|T1: [1,2,3]", "EXPERT|L1|T1: [1,2,3]"], r"line \d: id lists of 3 experts, earlier ones of 2"),
+    "ragged k": (GOOD + ["EXPERT|L0|T1: [1,2,3]", "EXPERT|L1|T1: [1,2,3]"],
+                 r"line \d: id lists of 3 experts, earlier ones of 2"),
     "missing layer line": (GOOD + ["EXPERT|L0|T1: [1,2]", "EXPERT|L0|T1: [1,2]"],
                            r"layer 0 logs another batch while layer 1 has not"),
     "cut mid-batch": (GOOD + ["EXPERT|L0|T1: [5,6]"], r"the last batch has no line for layer 1 .*--drop-incomplete"),
@@ -107,7 +108,7 @@ def test_large_log_streams(tmp_path):
     rng = np.random.default_rng(3)
     src = tmp_path / "big.log"
     with open(src, "w") as fh:
-        for step in range(9000):
+        for _ in range(9000):
             for layer in (0, 1):
                 fh.write(f"EXPERT|L{layer}|T1: [{','.join(map(str, rng.choice(32, 3, replace=False)))}]\n")
     res = import_moe_l2(src, tmp_path / "t.parquet", n_experts=32)

@@ -132,8 +132,8 @@ def test_csv_per_layer_and_step(fitz_trace, tmp_path):
     assert not v.config.step_pin and v.difference == 0 and not v.notes
     assert all(row["difference"] == 0 for row in v.per_layer) and [row["layer"] for row in v.per_layer] == [0, 1, 3]
     # per step: the first 30 of the 40 steps
-    rows = ["step,hits,misses"] + [f"{t},{int(res.token_counts[t, 1])},{int(res.token_counts[t, 0] - res.token_counts[t, 1])}"
-                                   for t in range(30)]
+    tc = res.token_counts
+    rows = ["step,hits,misses"] + [f"{t},{int(tc[t, 1])},{int(tc[t, 0] - tc[t, 1])}" for t in range(30)]
     (tmp_path / "s.csv").write_text("\n".join(rows) + "\n")
     v = verify(fitz_trace, tmp_path / "s.csv", slots=5)
     assert v.steps == 30 and v.difference == 0 and v.predicted["requests"] == 30 * 3 * 2

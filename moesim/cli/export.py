@@ -17,7 +17,8 @@ from moesim.cli.output import echo
               help="static-layers: whole layers on the GPU (llama.cpp --n-cpu-moe / -ot placement); static[:W]: "
                    "the most requested experts of each layer (of the first W tokens), for engines with per-expert "
                    "caches that read pin lists.")
-@click.option("--format", "fmt", type=click.Choice(["llama.cpp", "pins", "json", "fitz-tec", "moe-l2", "ktransformers"]),
+@click.option("--format", "fmt",
+              type=click.Choice(["llama.cpp", "pins", "json", "fitz-tec", "moe-l2", "ktransformers"]),
               default="llama.cpp", show_default=True,
               help="llama.cpp: --n-cpu-moe and -ot flags (static-layers only); pins: CSV of (layer, expert) kept on "
                    "the GPU, layers by their original index; json: both, with the expected hit rate and time; "

@@ -11,10 +11,12 @@ from moesim.cli.output import echo
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
 @click.argument("engine_log", type=click.Path(dir_okay=False, path_type=str))
 @click.option("--log-format", type=click.Choice(["auto", "llama.cpp", "moe-l2", "csv"]), default="auto",
-              show_default=True, help="The log's format: llama.cpp's expert cache (PR #27861 'moe-cache: steps=' lines), "
-                                      "moe-l2's cache statistics (/stats JSON or 'moe-l2 stats' text), or a CSV of "
-                                      "hits,misses[,layer][,step] (docs/verify.md).")
-@click.option("--eviction", "-e", default=None, help="The engine's eviction policy [default: lru, what both engines run].")
+              show_default=True,
+              help="The log's format: llama.cpp's expert cache (PR #27861 'moe-cache: steps=' lines), moe-l2's cache "
+                   "statistics (/stats JSON or 'moe-l2 stats' text), or a CSV of hits,misses[,layer][,step] "
+                   "(docs/verify.md).")
+@click.option("--eviction", "-e", default=None,
+              help="The engine's eviction policy [default: lru, what both engines run].")
 @click.option("--slots", "-s", type=int, default=None,
               help="Cache slots per layer [default: the llama.cpp log's 'N slots', moe-l2's 96].")
 @click.option("--budget", "-b", type=float, default=None, help="Cache size as a fraction of each layer's experts.")

@@ -53,7 +53,7 @@ def geometry(model_id: str | None, *, n_experts: int | None = None, top_k: int |
     """E and k from the file (``file_*``, which flags and presets must agree with), the flags, or the
     model preset that ``model_id`` names (by name or Hugging Face id)."""
     preset = preset_for(model_id) if model_id else None
-    for name, flag, val in (("experts", "--experts", n_experts), ("top-k", "--top-k", top_k)):
+    for flag, val in (("--experts", n_experts), ("--top-k", top_k)):
         if val is not None and (isinstance(val, bool) or int(val) != val or val < 1):
             raise MoesimError(f"{flag} must be a positive whole number, got {val!r}")
     E = file_experts

@@ -172,8 +172,8 @@ def import_jsonl(files, out: str | os.PathLike, *, n_experts: int | None = None,
                                "passes: ") + PASS_RULES[passes]
         source["passes"] = found
         if found["ids_with_several"] and "seq" in kind.names:
-            notes.append(f"{found['ids_with_several']} sequence id(s) hold several forward passes ({PASS_RULES[passes]}):"
-                         f" {found['found']} passes in all, each a sequence")
+            notes.append(f"{found['ids_with_several']} sequence id(s) hold several forward passes "
+                         f"({PASS_RULES[passes]}): {found['found']} passes in all, each a sequence")
     if "pos" not in kind.names:
         pos = _cumcount(seq, layer)
         source["positions"] = "no pos field: order of appearance within each sequence and layer"
@@ -634,9 +634,9 @@ def _split_passes(seq: np.ndarray, pos: np.ndarray, layer: np.ndarray, where: st
                               "(--passes drop starts a pass wherever pos goes back; --passes off refuses repeats)")
         if not has_seq and (p[first] != 0).any():
             i = int(np.argmax(first & (p != 0)))
-            raise MoesimError(f"{where}: layer {int(layer[order[i]])}'s first record has pos {int(p[i])}; without a seq "
-                              "field, sequences are told apart by pos restarting at 0 (name the sequence field with "
-                              "--map seq=NAME)")
+            raise MoesimError(f"{where}: layer {int(layer[order[i]])}'s first record has pos {int(p[i])}; without a "
+                              "seq field, sequences are told apart by pos restarting at 0 (name the sequence field "
+                              "with --map seq=NAME)")
     elif rule == "drop":
         start = first | back
     else:

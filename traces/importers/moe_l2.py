@@ -109,7 +109,7 @@ def import_moe_l2(file: str | os.PathLike, out: str | os.PathLike, *, n_experts:
         raise
 
 
-def _writer(out, g, st: "_State", path: Path, row_group_size: int) -> TokenWriter:
+def _writer(out, g, st: _State, path: Path, row_group_size: int) -> TokenWriter:
     source = {"path": str(path.resolve()), "format": "moe-l2 LLAMA_EXPERT_LOG lines EXPERT|L<l>|T<t>: [ids] ... "
               "(moe_l2/collect.py, gate.py, 0.14.1)", "tokens": "T<t> = tokens of the batch, one id list each",
               "sequences": "one sequence" if st.one_sequence else
