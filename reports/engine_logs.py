@@ -183,7 +183,7 @@ def _csv(text: str, path: Path) -> Realized:
         parsed.append((vals.get("step", -1), vals.get("layer"), vals["hits"], vals["misses"]))
     hits = sum(r[2] for r in parsed)
     misses = sum(r[3] for r in parsed)
-    per_layer = None
+    per_layer: dict[int, tuple[int, int]] | None = None
     if "layer" in cols:
         per_layer = {}
         for _, layer, h, m in parsed:

@@ -197,7 +197,7 @@ def placement(trace, *, budget: float | None = None, slots: int | None = None, p
     gpu: dict[int, list[int]] = {layer: [] for layer in layers}
     for o in sorted(int(x) for x in pinned):
         gpu[layers[o // E]].append(o % E)
-    ranked = {layer: sorted(gpu[layer], key=lambda e, l=l: (-int(counts[l, e]), e)) for l, layer in enumerate(layers)}
+    ranked = {layer: sorted(gpu[layer], key=lambda e: (-int(counts[layers.index(layer), e]), e)) for layer in layers}
     cpu_blocks = [layer for layer in layers if not gpu[layer]] if name == "static-layers" else []
     if engine is None and name == "static-layers":
         engine = "llama.cpp"

@@ -160,15 +160,18 @@ def verify(trace, log, *, log_format: str = "auto", eviction: str | None = None,
         raise MoesimError(f"{name}: the log covers {steps} {kind}steps, the trace has {len(tok)}: is it the trace of "
                           "the same run?")
     sub = _subset(routing, tok[:steps], keep_layers)
-    base = dict(eviction=eviction, slots=slots, budget=budget, allocation=allocation)
-    stages = [("stream replay (a cache simulator's order)", SimConfig(**base))]
+    def config(pin: bool, cap: int | None) -> SimConfig:
+        return SimConfig(eviction=eviction, slots=slots, budget=budget, allocation=allocation, step_pin=pin,
+                         max_uploads=cap)
+
+    stages = [("stream replay (a cache simulator's order)", config(False, None))]
     if step_pin:
-        stages.append(("+ engine steps (--step-pin)", SimConfig(**base, step_pin=True)))
+        stages.append(("+ engine steps (--step-pin)", config(True, None)))
     if max_uploads:
         stages.append((f"+ at most {max_uploads} uploads per layer per step (--max-uploads)",
-                       SimConfig(**base, step_pin=bool(step_pin), max_uploads=max_uploads)))
+                       config(bool(step_pin), max_uploads)))
     results = [(label, cfg, simulate(sub, cfg)) for label, cfg in stages]
-    label, config, res = results[-1]
+    label, replayed, res = results[-1]
     hits, req = int(res.counts[:, HITS].sum()), int(res.counts[:, REQ].sum())
     predicted = {"hits": hits, "misses": req - hits, "requests": req, "hit_rate": hits / req if req else math.nan}
     real = {"hits": realized.hits, "misses": realized.misses, "requests": realized.requests,
@@ -201,7 +204,7 @@ def verify(trace, log, *, log_format: str = "auto", eviction: str | None = None,
         pr = _rate(res.token_counts[a:b])
         rr = h / (h + m) if h + m else math.nan
         per_window.append({"first_step": a, "end_step": b, "predicted": pr, "realized": rr, "difference": rr - pr})
-    return Verification(trace=name, log=realized, engine=ENGINES[fmt], config=config, tokens=tokens, steps=steps,
+    return Verification(trace=name, log=realized, engine=ENGINES[fmt], config=replayed, tokens=tokens, steps=steps,
                         layers=ids, predicted=predicted, realized=real, breakdown=breakdown, per_layer=per_layer,
                         per_window=per_window if len(per_window) > 1 else [], notes=notes,
                         unmodelled=UNMODELLED[fmt])
@@ -230,7 +233,7 @@ def _layer_ordinals(routing: Routing, spec: str | None) -> list[int]:
         return list(range(routing.n_layers))
     from moesim.traces.importers.moe_infinity import parse_layers
 
-    want = []
+    want: list[int] = []
     for part in spec.split(","):
         a, dash, b = part.strip().partition("-")
         if dash and a.strip().isdigit() and b.strip().isdigit():

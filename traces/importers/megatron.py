@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class _Reader:
         self.path, self.no_logits = path, no_logits
         self.layers: list[int] = []
         self.sidecar: Path | None = None
-        self._fh = None
+        self._fh: BinaryIO | None = None
         self._size = 0
         self.skipped_mtp = 0
 
@@ -171,10 +172,11 @@ class _Reader:
             rank = _int(rec, "rank", self.path, lineno)
             self.sidecar = self.path.with_name(f"logits_rank{rank}.bin")
             try:
-                self._fh = open(regular_file(self.sidecar, "Megatron logits sidecar"), "rb")
-                self._size = os.fstat(self._fh.fileno()).st_size
+                side: BinaryIO = open(regular_file(self.sidecar, "Megatron logits sidecar"), "rb")
+                self._size = os.fstat(side.fileno()).st_size
             except OSError as exc:
                 raise MoesimError(f"{self.sidecar}: cannot read it ({exc.strerror or exc})") from None
+            self._fh = side
         off, nbytes = _int(rec, "logit_offset", self.path, lineno), _int(rec, "logit_bytes", self.path, lineno)
         shape = rec.get("logit_shape")
         if not (isinstance(shape, list) and len(shape) == 2 and all(isinstance(x, int) for x in shape)
@@ -184,6 +186,7 @@ class _Reader:
         if off + nbytes > self._size:
             raise MoesimError(f"{self.sidecar}: truncated: line {lineno}'s logits end at byte {off + nbytes}, the "
                               f"file has {self._size}")
+        assert self._fh is not None  # opened above
         self._fh.seek(off)
         return bf16_to_float32(self._fh.read(nbytes)).reshape(shape).astype(np.float64)
 
