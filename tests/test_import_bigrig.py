@@ -76,6 +76,18 @@ def test_replay_checks(name, tmp_path):
     check_replays(load_routing(tmp_path / "t.parquet"), tmp_path)
 
 
+def test_streamed_in_chunks(tmp_path, monkeypatch):
+    from moesim.traces.importers import bigrig
+
+    import_bigrig(LOGITS, tmp_path / "a.parquet", top_k=4)
+    monkeypatch.setattr(bigrig, "CHUNK_ROWS", 5)
+    import_bigrig(LOGITS, tmp_path / "b.parquet", top_k=4)
+    import_bigrig(IDX, tmp_path / "c.parquet", n_experts=16)  # compressed: inflated beside the output, then mapped
+    a, b = load_routing(tmp_path / "a.parquet"), load_routing(tmp_path / "b.parquet")
+    assert (a.cand == b.cand).all() and (a.w == b.w).all() and (a.seq == b.seq).all()
+    assert not list(tmp_path.glob(".moesim-npz-*"))
+
+
 def test_sequence_bounds_layouts():
     assert sequence_starts(np.array([0, 4, 9]), 12, "x").tolist() == [0, 4, 9]
     assert sequence_starts(np.array([0, 4, 12]), 12, "x").tolist() == [0, 4]

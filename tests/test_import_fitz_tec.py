@@ -13,6 +13,7 @@ from conftest import FIXTURES
 from import_checks import check_replays
 
 from moesim.cli import cli
+from moesim.errors import MoesimError
 from moesim.traces import load_routing
 from moesim.traces.importers.fitz_tec import import_fitz_tec, write_rtrace
 
@@ -81,8 +82,22 @@ def test_prompt_tokens_and_preset(tmp_path):
     res = import_fitz_tec(RTRACE, tmp_path / "t.parquet", top_k=2, prompt_tokens=8, norm_topk_prob=False)
     r = load_routing(tmp_path / "t.parquet")
     assert res.phases == {"prefill": 8, "decode": 32} and r.meta.norm_topk_prob is False
-    with pytest.raises(Exception, match="experts per layer, but qwen3-30b-a3b has 128"):
+    with pytest.raises(MoesimError, match="experts per layer, but qwen3-30b-a3b has 128"):
         import_fitz_tec(RTRACE, tmp_path / "u.parquet", model_id="qwen3-30b-a3b")
+
+
+def test_streamed_in_chunks_from_shuffled_records(tmp_path, monkeypatch):
+    """Records in any order, read a few tokens at a time: the same trace as one chunk."""
+    from moesim.traces.importers import fitz_tec
+
+    E, rec = read_records()
+    perm = np.random.default_rng(1).permutation(len(rec))
+    write_rtrace(tmp_path / "shuf.bin", rec["token"][perm], rec["layer"][perm], rec["probs"][perm])
+    import_fitz_tec(RTRACE, tmp_path / "a.parquet", top_k=2)
+    monkeypatch.setattr(fitz_tec, "CHUNK_ROWS", 7)
+    import_fitz_tec(tmp_path / "shuf.bin", tmp_path / "b.parquet", top_k=2)
+    a, b = load_routing(tmp_path / "a.parquet"), load_routing(tmp_path / "b.parquet")
+    assert (a.sel == b.sel).all() and (a.cand == b.cand).all() and (a.w == b.w).all()
 
 
 def test_replay_checks(tmp_path):

@@ -49,6 +49,16 @@ def test_layers_flag_and_single_npy(tmp_path):
     assert result.exit_code == 2 and "token 0 layer 0: all ids 0 (not captured" in result.stderr
 
 
+def test_streamed_in_chunks(tmp_path, monkeypatch):
+    from moesim.traces.importers import vllm_routed
+
+    import_vllm_routed(NPZ, tmp_path / "a.parquet", n_experts=16)
+    monkeypatch.setattr(vllm_routed, "CHUNK_ROWS", 4)
+    import_vllm_routed(NPZ, tmp_path / "b.parquet", n_experts=16)
+    a, b = load_routing(tmp_path / "a.parquet"), load_routing(tmp_path / "b.parquet")
+    assert (a.sel == b.sel).all() and (a.pos == b.pos).all()
+
+
 def test_replay_checks(tmp_path):
     import_vllm_routed(NPZ, tmp_path / "t.parquet", n_experts=16)
     check_replays(load_routing(tmp_path / "t.parquet"), tmp_path)

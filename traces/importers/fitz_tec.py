@@ -107,7 +107,7 @@ def import_fitz_tec(file: str | os.PathLike, out: str | os.PathLike, *, top_k: i
                           f"{int((counts != L).sum())} of {len(uniq)} tokens lack some of the {L} layers")
     del token, layer, t_sorted, l_sorted
     g = geometry(model_id, top_k=top_k, file_experts=E, where=str(path))
-    g.check_layers(layers.tolist(), str(path))
+    g.check_layers(layers.tolist(), str(path), "is --model right?")
     gating = "softmax"
     notes = []
     if g.preset is not None and g.preset.gating != "softmax":

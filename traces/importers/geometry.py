@@ -20,14 +20,14 @@ class Geometry:
     preset: Any = None
     known: dict = field(default_factory=dict)
 
-    def check_layers(self, layers, where: str, flag: str = "--layers") -> None:
+    def check_layers(self, layers, where: str, fix: str = "give the original layer indices with --layers") -> None:
         """Every imported layer must be an MoE layer of the preset (a 1-based layer field would not be)."""
         if self.preset is None:
             return
         bad = sorted(set(layers) - set(self.preset.moe_layers))
         if bad:
             raise MoesimError(f"{where}: layer {bad[0]} is not an MoE layer of {self.preset.name} (MoE layers "
-                              f"{_span(self.preset.moe_layers)}); give the original layer indices with {flag}")
+                              f"{_span(self.preset.moe_layers)}); {fix}")
 
     def meta(self, layers, *, tracer: dict, source: dict, gating: str | None = None,
              norm_topk_prob: bool | None = None, layout: str = "sparse", **more) -> TraceMeta:

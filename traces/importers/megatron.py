@@ -65,7 +65,7 @@ def import_megatron(file: str | os.PathLike, out: str | os.PathLike, *, n_expert
             if w is None:
                 E = scores.shape[2] if scores is not None else None
                 g = geometry(model_id, n_experts=n_experts, file_experts=E, file_top_k=ids.shape[2], where=where)
-                g.check_layers(rd.layers, where)
+                g.check_layers(rd.layers, where, "is --model right?")
                 source = {"path": str(path.resolve()), "format": "Megatron-LM router_trace_rank{N}.jsonl "
                           "(megatron/core/transformer/moe/router_trace.py, core 0.20.0)",
                           "logits": str(rd.sidecar) if scores is not None else None,

@@ -81,13 +81,13 @@ def import_moe_l2(file: str | os.PathLike, out: str | os.PathLike, *, n_experts:
                     if w is None:
                         g = geometry(model_id, n_experts=n_experts, top_k=top_k, file_top_k=batch.shape[2],
                                      where=str(path))
-                        g.check_layers(st.layers, str(path), "a --model whose MoE layers these are")
+                        g.check_layers(st.layers, str(path), "is --model right?")
                         w = _writer(out, g, st, path, row_group_size)
                     st.emit(batch, w, lineno)
         for batch in st.finish(drop_incomplete):
             if w is None:
                 g = geometry(model_id, n_experts=n_experts, top_k=top_k, file_top_k=batch.shape[2], where=str(path))
-                g.check_layers(st.layers, str(path), "a --model whose MoE layers these are")
+                g.check_layers(st.layers, str(path), "is --model right?")
                 w = _writer(out, g, st, path, row_group_size)
             st.emit(batch, w, 0)
         if w is None:
