@@ -193,7 +193,7 @@ PHASE = click.option("--phase", type=click.Choice(["prefill", "decode"]), defaul
 def fitz_tec(file, out, top_k, model_id, candidates, prompt_tokens, norm_topk_prob):
     """fitz-tec router traces (RTRACE01: int32 token, int32 layer, E float32
     softmax per record). The softmax over all E is kept as the candidates' scores.
-    Memory-mapped: only 8 bytes per record are held."""
+    Memory-mapped: only each record's (token, layer) key and order are held."""
     from moesim.traces.importers.fitz_tec import import_fitz_tec
 
     _report(import_fitz_tec(file, out, top_k=top_k, model_id=model_id, candidates=candidates,

@@ -10,7 +10,7 @@ Layout (fitz-tec 0.1.1, ``fitz_tec/tools/_trace_format.py``, little-endian)::
 Each record holds the softmax over all E experts, so the trace keeps every candidate's score
 (log p: dense with all E, or the M best with ``candidates``). The file does not say k; the model's
 top-k comes from ``--top-k`` or a model preset. The records are memory-mapped: only their
-(token, layer) keys, 8 bytes each, are held in memory while tokens are written in order.
+(token, layer) keys and their sort order (~24 bytes a record) are held while tokens are written in order.
 """
 
 from __future__ import annotations
