@@ -1,6 +1,6 @@
 """Static placements an engine can run: which experts (or whole layers) stay on the GPU, written as
-llama.cpp flags, a per-layer pin list, or JSON, with the hit rate and time per token the replay
-expects of that placement.
+llama.cpp flags, a per-layer pin list, fitz-tec's pin list, moe-l2's router map, ktransformers' GPU-expert
+mask or JSON, with the hit rate and time per token the replay expects of that placement.
 
 Stock llama.cpp places experts per layer: a layer's experts are one stacked tensor per projection
 (``blk.N.ffn_{gate,up,down}_exps``, or a fused ``ffn_gate_up_exps``), and ``--n-cpu-moe N`` keeps the
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moesim.errors import MoesimError
-from moesim.files import write_text
+from moesim.files import write_bytes, write_text
 from moesim.jsonable import plain
 from moesim.policies import registry
 from moesim.simulator import SimConfig
@@ -26,7 +26,8 @@ from moesim.sweeps.single import simulate_one
 from moesim.textsafe import term
 
 POLICIES = ("static", "static-layers")
-FORMATS = ("llama.cpp", "pins", "json")
+FORMATS = ("llama.cpp", "pins", "json", "fitz-tec", "moe-l2", "ktransformers")
+BINARY_FORMATS = ("ktransformers",)
 # llama.cpp common/common.h: LLM_FFN_EXPS_REGEX, and llm_ffn_exps_block_regex(i) = "blk\\.<i>" + it
 LLAMA_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 
@@ -54,6 +55,10 @@ class Placement:
     gpu_experts: dict[int, list[int]]   # original layer index -> experts kept on the GPU
     cpu_blocks: list[int] = field(default_factory=list)  # whole-layer placements: blocks whose experts stay on CPU
     expected: dict[str, Any] = field(default_factory=dict)
+    ranked: dict[int, list[int]] = field(default_factory=dict)  # layer -> its GPU experts, most requested first
+    n_experts: int = 0
+    top_k: int = 0
+    n_model_layers: int = 0  # the model's layers, dense ones included (the layer index space of the engines)
 
     @property
     def n_cpu_moe(self) -> int | None:
@@ -98,12 +103,62 @@ class Placement:
                                 "override_tensor": f"{block_pattern(self.cpu_blocks)}=CPU" if self.cpu_blocks else None}
         return plain(doc)
 
+    def fitz_tec(self) -> str:
+        """fitz-tec's EXPERT_CACHE_PIN_LIST v1 (the layout fitz_tec/tools/build_pin_list.py 0.1.1 writes and its
+        patched llama.cpp reads): ``n_layer``, ``n_expert``, then ``layer <il>: ids`` for every model layer,
+        most requested first; layers without pins have an empty list."""
+        lines = ["# EXPERT_CACHE_PIN_LIST v1", f"# source trace: {self.trace}", f"# top_k: {self.top_k}",
+                 "# format: 'layer <il>: <eid_most_freq> <eid_next> ...' (descending by activation count)",
+                 f"# moesim export: {self.policy} placement ({self.model_id}"
+                 f"{', SYNTHETIC trace' if self.synthetic else ''}), {self.slots_per_layer} slots per layer; "
+                 f"{_expected_line(self.expected)}",
+                 "# run the engine with -P equal to -c (every slot pinned) for the placement this expects",
+                 f"n_layer {self.n_model_layers}", f"n_expert {self.n_experts}"]
+        for il in range(self.n_model_layers):
+            lines.append(f"layer {il}: " + " ".join(str(e) for e in self.ranked.get(il, [])))
+        return "\n".join(lines) + "\n"
+
+    def moe_l2(self) -> str:
+        """moe-l2's router map (moe_l2/router_table.py 0.14.1, MOE_L2_ROUTER_FILE): ``# EXPERT_TOTAL n`` (the
+        engine sizes its cache from it), then ``<layer> ids`` per layer with pins, ids ascending."""
+        rows = [(layer, sorted(self.gpu_experts[layer])) for layer in self.layers if self.gpu_experts[layer]]
+        total = sum(len(ids) for _, ids in rows)
+        return "".join([f"# EXPERT_TOTAL {total}\n"] + [f"{layer} " + " ".join(map(str, ids)) + "\n"
+                                                          for layer, ids in rows])
+
+    def ktransformers_mask(self):
+        """ktransformers' GPU-expert mask: bool [num_layers, num_experts], True = the expert is on the GPU, rows
+        indexed by the model's layer (KTMoEWrapper's layer_idx; kt-kernel's generate_gpu_experts_masks shape)."""
+        import numpy as np
+
+        mask = np.zeros((self.n_model_layers, self.n_experts), dtype=bool)
+        for layer, ids in self.gpu_experts.items():
+            mask[layer, ids] = True
+        return mask
+
     def render(self, fmt: str) -> str:
         if fmt == "llama.cpp":
             return self.llama_cpp()
         if fmt == "pins":
             return self.pins_csv()
+        if fmt == "fitz-tec":
+            return self.fitz_tec()
+        if fmt == "moe-l2":
+            return self.moe_l2()
+        if fmt == "ktransformers":
+            return f"ktransformers GPU-expert mask {list(self.ktransformers_mask().shape)} (.npy, bool)\n"
         return json.dumps(self.document(), indent=2) + "\n"
+
+    def render_bytes(self, fmt: str) -> bytes:
+        if fmt == "ktransformers":
+            import io
+
+            import numpy as np
+
+            buf = io.BytesIO()
+            np.save(buf, self.ktransformers_mask(), allow_pickle=False)
+            return buf.getvalue()
+        return self.render(fmt).encode()
 
 
 def with_interval(e: dict, name: str, scale: float, spec: str) -> str:
@@ -145,6 +200,7 @@ def placement(trace, *, budget: float | None = None, slots: int | None = None, p
     gpu: dict[int, list[int]] = {layer: [] for layer in layers}
     for o in sorted(int(x) for x in pinned):
         gpu[layers[o // E]].append(o % E)
+    ranked = {layer: sorted(gpu[layer], key=lambda e: (-int(counts[layers.index(layer), e]), e)) for layer in layers}
     cpu_blocks = [layer for layer in layers if not gpu[layer]] if name == "static-layers" else []
     if engine is None and name == "static-layers":
         engine = "llama.cpp"
@@ -161,11 +217,24 @@ def placement(trace, *, budget: float | None = None, slots: int | None = None, p
                                    if row.get(f"{k}_low") is not None})
     return Placement(trace=entry.name, model_id=routing.meta.model_id, synthetic=routing.synthetic, policy=policy,
                      slots_per_layer=slots_n, budget=budget, layers=layers, gpu_experts=gpu, cpu_blocks=cpu_blocks,
-                     expected=expected)
+                     expected=expected, ranked=ranked, n_experts=E, top_k=routing.top_k,
+                     n_model_layers=_model_layers(routing.meta))
+
+
+def _model_layers(meta) -> int:
+    """The model's number of layers: its preset's, else one past the last MoE or dense layer the trace names."""
+    from moesim.costmodel.models import find_model
+
+    preset = find_model(meta.model_id) if meta.model_id and meta.model_id != "unknown" else None
+    last = max([*meta.moe_layers, *meta.dense_layers]) + 1
+    return max(last, preset.n_layers) if preset is not None else last
 
 
 def write_placement(p: Placement, fmt: str, out: str | os.PathLike, inputs=()) -> None:
     """``inputs``: the files the placement was made from, which ``out`` must not replace."""
     if fmt not in FORMATS:
         raise MoesimError(f"unknown export format {fmt!r} (use {', '.join(FORMATS)})")
-    write_text(p.render(fmt), out, inputs=inputs)
+    if fmt in BINARY_FORMATS:
+        write_bytes(p.render_bytes(fmt), out, inputs=inputs)
+    else:
+        write_text(p.render(fmt), out, inputs=inputs)

@@ -91,6 +91,49 @@ def test_passes_split_where_pos_restarts_and_skip(tmp_path):
         import_jsonl([src], tmp_path / "c.parquet", n_experts=32, skip_passes=3)
 
 
+def test_passes_within_one_id(tmp_path):
+    """A vLLM router log in the wild: one request id over several forward passes, positions restarting at 0
+    (the first two are profiling runs). Each pass is a sequence; --skip-passes counts passes."""
+    recs = []
+    for n, length in enumerate((3, 3, 4, 2)):
+        for p in range(length):
+            for layer in (0, 1):
+                recs.append({"request_id": "req-0", "position": p, "layer": layer, "topk_ids": [n, 8 + p]})
+    src = write_lines(tmp_path / "r.jsonl", recs)
+    res = import_jsonl([src], tmp_path / "a.parquet", n_experts=16)
+    r = load_routing(tmp_path / "a.parquet")
+    assert res.sequences == 4 and res.tokens == 12 and (r.sel[:, 0, 0] == r.seq).all()
+    assert r.meta.source["passes"] == {"rule": "a new pass wherever pos restarts at 0", "found": 4,
+                                       "ids_with_several": 1}
+    assert any("1 sequence id(s) hold several forward passes" in n for n in res.notes)
+    res = import_jsonl([src], tmp_path / "b.parquet", n_experts=16, skip_passes=2)
+    r = load_routing(tmp_path / "b.parquet")
+    assert res.sequences == 2 and sorted(set(r.sel[:, 0, 0].tolist())) == [2, 3]
+    result = run([src, "--experts", "16", "--passes", "off", "-o", tmp_path / "c.parquet"])
+    assert result.exit_code == 2 and "has some layer twice" in result.stderr
+
+
+def test_passes_of_other_ids_keep_their_numbers(tmp_path):
+    """Integer ids whose passes never restart keep their values (traces written before stay the same)."""
+    recs = [{"seq": s, "pos": p, "layer": 0, "experts": [s, 9]} for s in (4, 7) for p in range(3)]
+    res = import_jsonl([write_lines(tmp_path / "r.jsonl", recs)], tmp_path / "a.parquet", n_experts=16)
+    assert load_routing(tmp_path / "a.parquet").seq.tolist() == [4, 4, 4, 7, 7, 7] and not res.notes
+
+
+def test_passes_that_start_mid_sequence(tmp_path):
+    """Prefix caching: a request's second pass starts at pos 3, not 0. Ambiguous under the default rule (one
+    line naming the flag); --passes drop splits where pos goes back."""
+    recs = [{"seq": 0, "pos": p, "layer": 0, "experts": [10, p]} for p in (0, 1, 2, 3, 4)]
+    recs += [{"seq": 0, "pos": p, "layer": 0, "experts": [11, p]} for p in (3, 4, 5)]
+    src = write_lines(tmp_path / "r.jsonl", recs)
+    result = run([src, "--experts", "16", "-o", tmp_path / "a.parquet"])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "pos goes back from 4 to 3" in result.stderr and "--passes drop" in result.stderr
+    res = import_jsonl([src], tmp_path / "b.parquet", n_experts=16, passes="drop")
+    r = load_routing(tmp_path / "b.parquet")
+    assert res.sequences == 2 and r.pos.tolist() == [0, 1, 2, 3, 4, 3, 4, 5]
+
+
 def test_one_file_per_layer_merges(tmp_path):
     """Loggers that write one file per layer and leave the layer out of the records."""
     for layer in (2, 6):
@@ -164,7 +207,9 @@ BAD = {
                    r"record 131: weights holds NaN or infinite values"),
     "weights mismatch": (['{"seq": 0, "pos": 0, "layer": 0, "experts": [1, 2], "weights": [1, 2, 3]}'], [],
                          r"does not hold one weight per expert id"),
-    "duplicate step": ([GOOD, GOOD], [], r"appears twice|twice"),
+    "duplicate step": ([GOOD, GOOD.replace('"pos": 0', '"pos": 1'), GOOD.replace('"pos": 0', '"pos": 1')], [],
+                       r"pos goes back from 1 to 1 without restarting at 0 within seq 0, layer 0: .*--passes drop"),
+    "duplicate step, passes off": ([GOOD, GOOD], ["--passes", "off"], r"has some layer twice"),
     "null field": ([GOOD, '{"seq": 0, "pos": null, "layer": 0, "experts": [1, 2]}'], [],
                    r"record 2: no 'pos' \(pos\)"),
     "unknown phase": (['{"seq": 0, "pos": 0, "layer": 0, "experts": [1, 2], "phase": "warmup"}'], [],

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mrc": ("moesim.cli.mrc", "Hit rate at every cache size (LRU in one pass; other policies on a grid)."),
     "trace": ("moesim.cli.trace", "Record router logits from a real model (transformers or llama.cpp)."),
     "export": ("moesim.cli.export", "Write a static placement as llama.cpp flags, a pin list or JSON."),
+    "verify": ("moesim.cli.verify", "Replay an engine's cache policy on its trace; predicted vs realized hit rate."),
     "hw": ("moesim.cli.hw", "Hardware presets: list, show (with defaults and their basis), probe this machine."),
     "calibrate": ("moesim.cli.calibrate", "Fit a machine file's rates to measured runs (llama-bench or CSV)."),
     "models": ("moesim.cli.models", "Model presets: geometry, parameters, bytes per expert and per token."),

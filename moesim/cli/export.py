@@ -17,10 +17,13 @@ from moesim.cli.output import FINITE, echo
               help="static-layers: whole layers on the GPU (llama.cpp --n-cpu-moe / -ot placement); static[:W]: "
                    "the most requested experts of each layer (of the first W tokens), for engines with per-expert "
                    "caches that read pin lists.")
-@click.option("--format", "fmt", type=click.Choice(["llama.cpp", "pins", "json"]), default="llama.cpp",
-              show_default=True,
+@click.option("--format", "fmt",
+              type=click.Choice(["llama.cpp", "pins", "json", "fitz-tec", "moe-l2", "ktransformers"]),
+              default="llama.cpp", show_default=True,
               help="llama.cpp: --n-cpu-moe and -ot flags (static-layers only); pins: CSV of (layer, expert) kept on "
-                   "the GPU, layers by their original index; json: both, with the expected hit rate and time.")
+                   "the GPU, layers by their original index; json: both, with the expected hit rate and time; "
+                   "fitz-tec: its EXPERT_CACHE_PIN_LIST v1; moe-l2: its router map (MOE_L2_ROUTER_FILE); "
+                   "ktransformers: its GPU-expert mask, bool [layers, experts] .npy (docs/export.md).")
 @click.option("--allocation", type=click.Choice(["per-layer", "global"]), default="per-layer", show_default=True,
               help="static: the same number of experts per layer, or the most requested over all layers.")
 @click.option("--hw", default=None, help="Hardware preset or TOML file that prices the expected time per token.")
@@ -32,7 +35,8 @@ from moesim.cli.output import FINITE, echo
               help="Engine profile pricing the expected time per token (default: llama.cpp for static-layers, "
                    "the ideal bandwidth model for static).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=str),
-              help="File to write (text for llama.cpp, CSV for pins, JSON for json).")
+              help="File to write (text for llama.cpp, fitz-tec and moe-l2, CSV for pins, JSON for json, .npy for "
+                   "ktransformers).")
 @click.option("--ci", "ci", type=FINITE, default=None, metavar="LEVEL",
               help="Also give LEVEL% confidence intervals of the expected hit rate and time (docs/uncertainty.md).")
 def command(trace, budget, slots, policy, fmt, allocation, hw, model, quant, engine, output, ci):

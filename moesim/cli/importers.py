@@ -1,4 +1,5 @@
-"""`moesim import {flame,table,fiddler,jsonl,array,prompts,moe-infinity}`: other tools' routing -> moesim traces."""
+"""`moesim import {flame,table,fiddler,jsonl,array,prompts,moe-infinity,fitz-tec,moe-l2,bigrig,vllm-routed,megatron}`:
+other tools' routing -> moesim traces."""
 
 from __future__ import annotations
 
@@ -96,21 +97,25 @@ def fiddler(files, out, n_experts, top_k, model_id):
               help="Which record field holds what: seq, pos, layer, experts, weights, domain, phase "
                    "(e.g. seq=problem_id,pos=token_idx,experts=topk_ids).")
 @click.option("--skip-passes", type=int, default=0, show_default=True,
-              help="Drop the first N sequences (forward passes without a seq field), e.g. profiling runs.")
+              help="Drop the first N forward passes (sequences) in order of appearance, e.g. profiling runs.")
+@click.option("--passes", type=click.Choice(["restart", "drop", "off"]), default="restart", show_default=True,
+              help="Where a new forward pass (sequence) starts within one sequence id: where pos restarts at 0, "
+                   "where pos does not increase, or never.")
 @click.option("--drop-incomplete", is_flag=True,
               help="Keep only tokens that have every layer (ragged logs); says how many were dropped.")
 @click.option("--phase", type=click.Choice(["prefill", "decode"]), default="decode", show_default=True,
               help="Phase of every token when the records have no phase field.")
-def jsonl(files, out, n_experts, top_k, model_id, mapping, skip_passes, drop_incomplete, phase):
+def jsonl(files, out, n_experts, top_k, model_id, mapping, skip_passes, passes, drop_incomplete, phase):
     """JSON Lines routing logs: one record per line naming a layer, a token and
     its k selected experts (+ weights). Several FILES (e.g. one per layer)
-    make one trace. Without a seq field, a new sequence starts wherever pos
+    make one trace. Each forward pass is a sequence: within one sequence id
+    (or the whole log without a seq field) a new pass starts wherever pos
     restarts at 0. Lines without the experts field are skipped (a meta line's
     model id, top-k and expert count are used)."""
     from moesim.traces.importers.jsonl import import_jsonl
 
     _report(import_jsonl(list(files), out, n_experts=n_experts, top_k=top_k, model_id=model_id, mapping=mapping,
-                         skip_passes=skip_passes, drop_incomplete=drop_incomplete, phase=phase))
+                         skip_passes=skip_passes, drop_incomplete=drop_incomplete, phase=phase, passes=passes))
 
 
 @command.command("array")
@@ -162,3 +167,111 @@ def moe_infinity(file, out, top_k, model_id, family, layers):
     from moesim.traces.importers.moe_infinity import import_moe_infinity
 
     _report(import_moe_infinity(file, out, top_k=top_k, model_id=model_id, family=family, layers=layers))
+
+
+MODEL = click.option("--model", "model_id", help="Model id for the metadata; a moesim preset's name or Hugging Face id "
+                     "also gives E, k, gating and bytes per expert (moesim models list).")
+CANDIDATES = click.option("--candidates", type=int, help="Scored experts kept per row: all E (dense layout) by "
+                          "default, or the M best (sparse, with the log-sum-exp over all E).")
+GATING = click.option("--gating", type=click.Choice(["softmax", "softmax_topk", "sigmoid"]),
+                      help="Gating the logits go through [default: the preset's, else softmax].")
+PHASE = click.option("--phase", type=click.Choice(["prefill", "decode"]), default="decode", show_default=True,
+                     help="Phase of every token (the file does not say it).")
+
+
+@command.command("fitz-tec")
+@click.argument("file", type=click.Path(path_type=str))
+@OUT
+@click.option("--top-k", type=int, help="Experts per token k of the traced model (required without a --model preset: "
+              "the file stores the softmax, not k).")
+@MODEL
+@CANDIDATES
+@click.option("--prompt-tokens", type=int, default=0, show_default=True,
+              help="The first N tokens are the prompt (phase prefill), the rest decode.")
+@click.option("--norm-topk-prob/--no-norm-topk-prob", default=None,
+              help="Whether the model renormalizes its top-k weights [default: the preset's, else yes].")
+def fitz_tec(file, out, top_k, model_id, candidates, prompt_tokens, norm_topk_prob):
+    """fitz-tec router traces (RTRACE01: int32 token, int32 layer, E float32
+    softmax per record). The softmax over all E is kept as the candidates' scores.
+    Memory-mapped: only each record's (token, layer) key and order are held."""
+    from moesim.traces.importers.fitz_tec import import_fitz_tec
+
+    _report(import_fitz_tec(file, out, top_k=top_k, model_id=model_id, candidates=candidates,
+                            prompt_tokens=prompt_tokens, norm_topk_prob=norm_topk_prob))
+
+
+@command.command("moe-l2")
+@click.argument("log", type=click.Path(path_type=str))
+@OUT
+@click.option("--experts", "n_experts", type=int, help="Routed experts per layer E (required without a --model "
+              "preset).")
+@click.option("--top-k", type=int, help="Experts per token k (checked against the id lists).")
+@MODEL
+@click.option("--one-sequence", is_flag=True, help="Keep the whole log as one sequence (default: a prompt batch "
+              "after decode steps starts a new one).")
+@click.option("--drop-incomplete", is_flag=True, help="Drop a last batch that lacks some layer's line (a log cut "
+              "mid-batch) instead of refusing the log.")
+def moe_l2(log, out, n_experts, top_k, model_id, one_sequence, drop_incomplete):
+    """moe-l2 / LLAMA_EXPERT_LOG routing logs: EXPERT|L<layer>|T<tokens>: [ids] [ids]
+    lines (one id list per token of the batch); other lines are skipped. Streamed."""
+    from moesim.traces.importers.moe_l2 import import_moe_l2
+
+    _report(import_moe_l2(log, out, n_experts=n_experts, top_k=top_k, model_id=model_id, one_sequence=one_sequence,
+                          drop_incomplete=drop_incomplete))
+
+
+@command.command("bigrig")
+@click.argument("file", type=click.Path(path_type=str))
+@OUT
+@click.option("--experts", "n_experts", type=int, help="Routed experts per layer E (required for idx without a "
+              "--model preset).")
+@click.option("--top-k", type=int, help="Experts per token k (required for logits without a --model preset).")
+@MODEL
+@click.option("--layers", help="Original indices of the file's layers, e.g. '0-23' [default: 0..L-1].")
+@CANDIDATES
+@GATING
+@PHASE
+def bigrig(file, out, n_experts, top_k, model_id, layers, candidates, gating, phase):
+    """bigrig *_full.npz traces: idx [L, T, k] selected ids or logits [L, T, E],
+    with seq_bounds. Memory-mapped (compressed members inflated once beside OUT)."""
+    from moesim.traces.importers.bigrig import import_bigrig
+
+    _report(import_bigrig(file, out, n_experts=n_experts, top_k=top_k, model_id=model_id, layers=layers,
+                          candidates=candidates, gating=gating, phase=phase))
+
+
+@command.command("vllm-routed")
+@click.argument("file", type=click.Path(path_type=str))
+@OUT
+@click.option("--experts", "n_experts", type=int, help="Routed experts per layer E (required without a --model "
+              "preset).")
+@MODEL
+@click.option("--layers", help="Which layer indices of the arrays are MoE layers, e.g. '3-47' [default: the preset's, "
+              "else the layers not all zero].")
+@PHASE
+def vllm_routed(file, out, n_experts, model_id, layers, phase):
+    """vLLM --enable-return-routed-experts arrays [seq_len, num_hidden_layers, k]
+    saved with np.save (one request) or np.savez (one member per request, one
+    sequence each). Memory-mapped."""
+    from moesim.traces.importers.vllm_routed import import_vllm_routed
+
+    _report(import_vllm_routed(file, out, n_experts=n_experts, model_id=model_id, layers=layers, phase=phase))
+
+
+@command.command("megatron")
+@click.argument("file", type=click.Path(path_type=str))
+@OUT
+@click.option("--experts", "n_experts", type=int, help="Routed experts per layer E (required without logits or a "
+              "--model preset).")
+@MODEL
+@CANDIDATES
+@GATING
+@PHASE
+@click.option("--no-logits", is_flag=True, help="Ignore the logits sidecar (import the top indices only).")
+def megatron(file, out, n_experts, model_id, candidates, gating, phase, no_logits):
+    """Megatron-LM router traces (--moe-routing-trace-path): router_trace_rank{N}.jsonl
+    with its logits_rank{N}.bin sidecar when present. Each step is a sequence."""
+    from moesim.traces.importers.megatron import import_megatron
+
+    _report(import_megatron(file, out, n_experts=n_experts, model_id=model_id, candidates=candidates, gating=gating,
+                            phase=phase, no_logits=no_logits))

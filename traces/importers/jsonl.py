@@ -58,6 +58,8 @@ META_NAMES = {
 PHASE_NAMES = {"prefill": "prefill", "prompt": "prefill", "context": "prefill",
                "decode": "decode", "generate": "decode", "generation": "decode"}
 PEEK_LINES = 100
+PASS_RULES = {"restart": "a new pass wherever pos restarts at 0", "drop": "a new pass wherever pos does not increase",
+              "off": "no passes within an id"}
 BLOCK_BYTES = 32 << 20
 _LAST_INT = re.compile(r"(\d+)(?!.*\d)")
 
@@ -106,14 +108,15 @@ def parse_map(spec: str | None) -> dict[str, str]:
 
 def import_jsonl(files, out: str | os.PathLike, *, n_experts: int | None = None, top_k: int | None = None,
                  model_id: str | None = None, mapping: dict[str, str] | str | None = None, skip_passes: int = 0,
-                 drop_incomplete: bool = False, phase: str = "decode",
+                 drop_incomplete: bool = False, phase: str = "decode", passes: str = "restart",
                  row_group_size: int = DEFAULT_ROW_GROUP) -> ImportResult:
     """Convert JSON Lines routing logs (several files, e.g. one per layer, make one trace).
 
-    Without a ``seq`` field, rows are grouped into forward passes wherever ``pos``
-    restarts at 0 (per layer), each pass a sequence; ``skip_passes`` drops the first
-    N sequences (passes) in order of appearance. ``drop_incomplete`` keeps only
-    tokens that have every layer instead of refusing a ragged log."""
+    Records are grouped into forward passes, each pass a sequence: within one sequence id (or the
+    whole log without a ``seq`` field), per layer in file order, ``passes="restart"`` starts a new
+    pass wherever ``pos`` restarts at 0, ``"drop"`` wherever ``pos`` does not increase, ``"off"``
+    never (an id is one sequence). ``skip_passes`` drops the first N passes in order of appearance.
+    ``drop_incomplete`` keeps only tokens that have every layer instead of refusing a ragged log."""
     files = [Path(f) for f in ([files] if isinstance(files, (str, os.PathLike)) else files)]
     if not files:
         raise MoesimError("no JSON Lines file given")
@@ -121,6 +124,8 @@ def import_jsonl(files, out: str | os.PathLike, *, n_experts: int | None = None,
     mapping = parse_map(mapping) if isinstance(mapping, str) or mapping is None else dict(mapping)
     if skip_passes < 0:
         raise MoesimError(f"--skip-passes must be >= 0, got {skip_passes}")
+    if passes not in PASS_RULES:
+        raise MoesimError(f"--passes {passes!r}: expected one of {', '.join(PASS_RULES)}")
     if phase not in PHASES:
         raise MoesimError(f"unknown phase {phase!r} (expected prefill or decode)")
     where = ", ".join(map(str, files))
@@ -156,13 +161,19 @@ def import_jsonl(files, out: str | os.PathLike, *, n_experts: int | None = None,
     notes = []
     source: dict[str, object] = {"paths": [str(f.resolve()) for f in files], "format": "JSON Lines routing records",
                                  "fields": dict(kind.names)}
-    if "seq" not in kind.names:
-        if "pos" not in kind.names:
-            seq = np.zeros(len(ids), dtype=np.int64)
-            source["sequences"] = "no seq or pos field: one sequence"
-        else:
-            seq = _passes(pos, layer, where)
-            source["sequences"] = "no seq field: forward passes, split wherever pos restarts at 0"
+    if (seq < 0).any() or (pos < 0).any():
+        raise MoesimError(f"{where}: seq and pos must be non-negative 32-bit integers")
+    if "seq" not in kind.names and "pos" not in kind.names:
+        seq = np.zeros(len(ids), dtype=np.int64)
+        source["sequences"] = "no seq or pos field: one sequence"
+    elif "pos" in kind.names:
+        seq, found = _split_passes(seq, pos, layer, where, passes, has_seq="seq" in kind.names)
+        source["sequences"] = ("forward passes: " if "seq" not in kind.names else "sequence ids, split into forward "
+                               "passes: ") + PASS_RULES[passes]
+        source["passes"] = found
+        if found["ids_with_several"] and "seq" in kind.names:
+            notes.append(f"{found['ids_with_several']} sequence id(s) hold several forward passes "
+                         f"({PASS_RULES[passes]}): {found['found']} passes in all, each a sequence")
     if "pos" not in kind.names:
         pos = _cumcount(seq, layer)
         source["positions"] = "no pos field: order of appearance within each sequence and layer"
@@ -599,18 +610,50 @@ def _shape_ok(v, t: str) -> bool:
 
 # ---- grouping -------------------------------------------------------------------------------------------------
 
-def _passes(pos: np.ndarray, layer: np.ndarray, where: str) -> np.ndarray:
-    """Forward pass of each row: per layer, a new pass starts wherever pos is 0."""
-    seq = np.empty(len(pos), dtype=np.int64)
-    for value in np.unique(layer):
-        rows = np.flatnonzero(layer == value)
-        starts = np.cumsum(pos[rows] == 0) - 1
-        if starts[0] < 0:
-            raise MoesimError(f"{where}: layer {int(value)}'s first record has pos {int(pos[rows[0]])}; without a "
-                              "seq field, sequences are told apart by pos restarting at 0 (name the sequence "
-                              "field with --map seq=NAME)")
-        seq[rows] = starts
-    return seq
+def _split_passes(seq: np.ndarray, pos: np.ndarray, layer: np.ndarray, where: str, rule: str, *,
+                  has_seq: bool) -> tuple[np.ndarray, dict]:
+    """Sequence of each row, one per forward pass, and what was found. Per (sequence id, layer), in file
+    order, a pass starts at the group's first record and wherever the rule says (restart: pos is 0;
+    drop: pos does not increase). Under ``restart`` a position that goes back without reaching 0 is
+    ambiguous (a new pass, or a record logged twice?): an error that names ``--passes drop``."""
+    n = len(pos)
+    key = (seq << 16) | layer
+    order = np.argsort(key, kind="stable")
+    k, p = key[order], pos[order]
+    first = np.r_[True, k[1:] != k[:-1]]
+    back = np.r_[False, p[1:] <= p[:-1]] & ~first
+    if rule == "restart":
+        start = first | (p == 0)
+        odd = back & (p != 0)
+        if odd.any():
+            i = int(np.argmax(odd))
+            r = order[i]
+            what = f"seq {int(seq[r])}" if has_seq else "the log"
+            raise MoesimError(f"{where}: pos goes back from {int(p[i - 1])} to {int(p[i])} without restarting at 0 "
+                              f"within {what}, layer {int(layer[r])}: a new forward pass or a record logged twice? "
+                              "(--passes drop starts a pass wherever pos goes back; --passes off refuses repeats)")
+        if not has_seq and (p[first] != 0).any():
+            i = int(np.argmax(first & (p != 0)))
+            raise MoesimError(f"{where}: layer {int(layer[order[i]])}'s first record has pos {int(p[i])}; without a "
+                              "seq field, sequences are told apart by pos restarting at 0 (name the sequence field "
+                              "with --map seq=NAME)")
+    elif rule == "drop":
+        start = first | back
+    else:
+        start = first
+    c = np.cumsum(start)
+    pass_no = c - np.repeat(c[first], np.diff(np.r_[np.flatnonzero(first), n]))
+    passes = np.empty(n, dtype=np.int64)
+    passes[order] = pass_no
+    several = np.unique(seq[passes > 0])
+    combined = (seq << 32) | passes
+    uniq, first_at, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    found = {"rule": PASS_RULES[rule], "found": int(len(uniq)), "ids_with_several": int(len(several))}
+    if has_seq and not len(several):
+        return seq, found  # every id is one pass: the ids stay as they are
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[np.argsort(first_at, kind="stable")] = np.arange(len(uniq))
+    return rank[inverse.reshape(-1)], found
 
 
 def _cumcount(seq: np.ndarray, layer: np.ndarray) -> np.ndarray:
