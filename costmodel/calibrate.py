@@ -179,14 +179,14 @@ def fit(runs: list[dict], hw, engine: str | None = None) -> dict:
         M = np.stack([np.ones_like(T) / T, miss / T], axis=1)
         (d_token, d_miss), *_ = np.linalg.lstsq(M, (T - base) / T, rcond=None)
         d_token, d_miss = _within_bounds(float(d_token), float(d_miss), T, base, miss, cache_engine, h)
-    before = [math.log(_predict(r, h, cache_engine) * r["tok_s"]) for r in runs]
+    before = [-math.log(_predict(r, h, cache_engine) * r["tok_s"]) for r in runs]  # ln(predicted / measured)
     result = {"vram_factor": fv, "cpu_factor": fc, "fitted": [("vram", "cpu")[i] for i in cols],
               "token_s": d_token, "miss_s": d_miss, "engine": cache_engine, "hw": h, "runs": runs}
     fitted_file = machine_doc(result, "(in memory)")
     from moesim.costmodel.hardware import _parse
 
     h2 = _parse(fitted_file, Path(h.path or "fitted.toml"))
-    after = [math.log(_predict(r, h2, None if "vram_hit" in r else None) * r["tok_s"]) for r in runs]
+    after = [-math.log(_predict(r, h2) * r["tok_s"]) for r in runs]
     if cache_runs:
         result["fitted"] += ["token", "miss"]
     result.update(residuals_before=before, residuals_after=after)

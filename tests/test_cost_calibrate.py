@@ -52,6 +52,7 @@ def test_round_trip_two_runs_predict_a_third(tmp_path, engine):
     res = fit(read_runs(runs), HW, engine)
     assert res["token_s"] == pytest.approx(1500e-6, rel=1e-6) and res["miss_s"] == pytest.approx(30e-6, rel=1e-5)
     assert max(abs(x) for x in res["residuals_after"]) < 1e-9 < min(abs(x) for x in res["residuals_before"])
+    assert min(res["residuals_before"]) > 0  # ln(predicted / measured): the preset without the costs is optimistic
 
 
 def test_mixed_placement_and_cache_runs(tmp_path):
