@@ -39,7 +39,7 @@ _TABLES = {
     "cpu": {"name", "sockets", "cores", "core_gb_s", "matrix_us", "expert_gb_s", "latency_us", "process_sockets",
             "remote_gb_s"},
 }
-_TOP = {"name", "description", "source"} | set(_TABLES)
+_TOP = {"name", "description", "source", "engine"} | set(_TABLES)
 _GPU_TABLES = ("gpu", "vram", "link")
 # Data-sheet numbers a file must give; everything else defaults from DEFAULTS (reported by `moesim hw show`).
 _REQUIRED = {
@@ -151,6 +151,9 @@ class HardwarePreset:
     matrix_latency: float = 1e-6  # seconds per expert matrix on the CPU (stream start)
     cpu_expert_given: bool = False  # [cpu] expert_gb_s given (measured or calibrated), not derived
     defaults: dict = field(default_factory=dict, compare=False, repr=False)  # "table.key" -> (value, basis)
+    # [engine]: the engine profile a machine file was calibrated with (``profile``) and its fitted numbers
+    # (moesim calibrate); prices the machine when no engine is named (costmodel/timing.py engine_for)
+    engine: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def unified(self) -> bool:
@@ -253,6 +256,7 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
     for key in doc:
         if key not in _TOP:
             bad(f"unknown key {key!r} (known: {', '.join(sorted(_TOP))})")
+    engine = _engine_table(doc.get("engine", {}), bad)
     if "name" not in doc:
         bad("missing key 'name'")
     if not isinstance(doc["name"], str) or not doc["name"]:
@@ -418,14 +422,35 @@ def _parse(doc: dict, path: Path) -> HardwarePreset:
         cpu_latency=num("cpu", "latency_us") * 1e-6, path=str(path), doc=doc, sockets=int(sockets),
         process_sockets=int(process_sockets), remote_bandwidth=remote, cores=int(cores),
         core_bandwidth=core_bw, matrix_latency=num("cpu", "matrix_us") * 1e-6, cpu_expert_given=given,
-        defaults=defaults,
+        defaults=defaults, engine=engine,
     )
+
+
+def _engine_table(t, bad) -> dict:
+    """[engine] of a machine file: ``profile`` (an engine profile name or file) and any of that profile's keys,
+    each number with a ``sources`` entry; the values are validated as a profile when the machine is priced."""
+    from moesim.costmodel.engines import profile_keys
+
+    if not isinstance(t, dict):
+        bad("engine must be a table")
+    if not t:
+        return {}
+    if not isinstance(t.get("profile"), str) or not t["profile"]:
+        bad("[engine] needs profile = the engine profile the numbers belong to (e.g. 'llama.cpp-expert-cache')")
+    allowed = profile_keys() - {"name", "description", "source"}
+    for key in t:
+        if key not in allowed | {"profile", "sources"}:
+            bad(f"unknown key {key!r} in [engine] (known: profile, {', '.join(sorted(allowed))})")
+    src = t.get("sources", {})
+    if not isinstance(src, dict) or any(k not in allowed for k in src):
+        bad("[engine.sources] must be a table naming the engine's keys")
+    return dict(t)
 
 
 def missing_sources(hw: HardwarePreset) -> list[str]:
     """Numbers in the file that no ``sources`` entry explains (shipped presets must have none)."""
     out = []
-    for table in _TABLES:
+    for table in (*_TABLES, "engine"):
         t = hw.doc.get(table, {})
         if not isinstance(t, dict):
             continue

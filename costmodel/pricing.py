@@ -68,17 +68,19 @@ def default_quant(m: ModelPreset, hw: str, cache_experts: int | None = None) -> 
 
 
 def cost_for_trace(meta, hw: str | None = None, model: str | None = None, quant: str | None = None,
-                   engine: str | None = None, cache_experts: int | None = None) -> tuple[CostParams | None, str]:
+                   engine: str | None = None, cache_experts: int | None = None, context: int = 0,
+                   batch: int = 1) -> tuple[CostParams | None, str]:
     """Cost parameters for a trace: ``model`` (a preset name or TOML path) or the preset
     matching the trace's model id; ``quant`` or the default above (for a cache of ``cache_experts``
     experts in all); ``hw`` or the default machine. Returns (None, why) when no model preset fits
-    the trace."""
-    cost, note, _ = price_trace(meta, hw, model, quant, engine, cache_experts)
+    the trace. ``context`` tokens per sequence and ``batch`` sequences size the KV cache that takes VRAM and host
+    RAM before the expert tiers (costmodel.timing.cost_params)."""
+    cost, note, _ = price_trace(meta, hw, model, quant, engine, cache_experts, context=context, batch=batch)
     return cost, note
 
 
 def price_trace(meta, hw: str | None = None, model: str | None = None, quant: str | None = None,
-                engine: str | None = None, cache_experts: int | None = None
+                engine: str | None = None, cache_experts: int | None = None, *, context: int = 0, batch: int = 1
                 ) -> tuple[CostParams | None, str, str]:
     """``cost_for_trace`` plus a sentence saying how the quantization was chosen ('' when unpriced)."""
     m = load_model_any(model) if model else find_model(meta.model_id)
@@ -108,5 +110,9 @@ def price_trace(meta, hw: str | None = None, model: str | None = None, quant: st
     else:
         choice = default_quant(m, hw, cache_experts)
         quant, why = choice.quant, choice.why
-    p = cost_params(m, quant, hw, engine=engine)
-    return p, f"{p.model} {p.quant} on {p.hw}" + (f" ({p.engine})" if p.engine != "ideal" else ""), why
+    # the batch sizes the KV cache only: without a context it changes nothing, so one cost serves every batch
+    p = cost_params(m, quant, hw, engine=engine, context=context, batch=batch if context else 1)
+    note = f"{p.model} {p.quant} on {p.hw}" + (f" ({p.engine})" if p.engine != "ideal" else "")
+    if context:
+        note += f", {context} tokens of context x batch {batch}"
+    return p, note, why

@@ -51,7 +51,8 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
           rank_by: str = "class", max_mass: float | None = None, ci=None, ci_resamples: int | None = None,
           ci_unit: str = "auto", ci_method: str = "rotated", stream: bool | None = None, prefetches=None,
           prefetch_depth: int | None = None, prefetch_train: str | None = None, overlap: str | None = None,
-          engine: str | None = None):
+          engine: str | None = None, context: int | None = None, speculative: int | None = None,
+          accept: float | None = None):
     """Rank a grid of policies on one trace (path or Routing) or a list of them, like ``moesim sweep``.
 
     Axes take a value or a list (budgets also a range "0.05:0.5:0.05" or {"start", "stop", "step"});
@@ -71,7 +72,9 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
     policy or a list: none, prev-token, next-layer, lookahead, oracle) is an axis (None: no prefetch plus the
     default grid's three prefetch variants), ``prefetch_depth``/``prefetch_train`` as --prefetch-depth and
     --prefetch-train; ``overlap`` (none, layer, cross-layer; None: the engine profile's) and ``engine`` price
-    the clock (docs/replay-semantics.md)."""
+    the clock (docs/replay-semantics.md); ``context`` (tokens per sequence) sizes the KV cache that VRAM and host RAM
+    hold before the expert tiers; ``speculative``/``accept``: every config's steps verify G drafted tokens per
+    sequence, A of them accepted."""
     import polars as pl
 
     from moesim.sweeps.grid import grid_from_options
@@ -83,7 +86,7 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
                              model=model, quants=quant, presets=presets, baseline=baseline, prefetches=prefetches,
                              prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
                              engine=engine, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
-                             lowbit_quant=lowbit_quant)
+                             lowbit_quant=lowbit_quant, context=context, speculative=speculative, accept=accept)
     out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor, rank_by=rank_by,
                     ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     from moesim.sweeps.ranking import select_rows
@@ -102,11 +105,13 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
              quant: str | None = None, layers: bool = False,
              baseline: str = "fetch-all", ci=None, ci_resamples: int | None = None, ci_unit: str = "auto",
              ci_method: str = "rotated", stream: bool | None = None, prefetch: str = "none", prefetch_depth: int = 1,
-             prefetch_train: str | None = None, overlap: str | None = None, engine: str | None = None):
+             prefetch_train: str | None = None, overlap: str | None = None, engine: str | None = None,
+             context: int = 0, speculative: int = 0, accept: float | None = None):
     """Replay one policy, like ``moesim simulate``: a one-row DataFrame with the sweep's columns
     (the speed-up over ``baseline`` included when the trace is priced). ``layers=True`` returns (row,
     per-layer rows). ``ci=95`` fills the interval columns, as in ``sweep``; ``stream`` too.
-    ``prefetch``, ``prefetch_depth``, ``prefetch_train``, ``overlap`` and ``engine`` as the CLI's options.
+    ``prefetch``, ``prefetch_depth``, ``prefetch_train``, ``overlap``, ``engine`` and ``context`` as the CLI's
+    options; ``speculative``/``accept`` (G drafted tokens per step, A of them accepted) too.
     The raw replay (counters per layer and per token) is ``moesim.simulator.simulate``."""
     from moesim.simulator.config import SimConfig
     from moesim.sweeps.single import simulate_one
@@ -116,9 +121,10 @@ def simulate(trace, *, eviction: str = "lru", miss: str = "fetch-all", admit: fl
     config = SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                        warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
                        prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
-                       step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)
+                       step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share, lowbit_quant=lowbit_quant,
+                       speculative=speculative, accept=accept)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
-                       ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
+                       ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream, context=context)
     return (one.row, one.layers) if layers else one.row
 
 

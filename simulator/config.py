@@ -23,7 +23,8 @@ STEP_PIN_REFUSED = tuple(e.name for e in registry.EVICTIONS if e.pin_mode == reg
 # fields added after results were first keyed, and their defaults (left out of to_dict at the default, so earlier
 # configs keep their keys)
 _LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": None, "overlap": None,
-                   "step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None}
+                   "step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None,
+                   "speculative": 0, "accept": None}
 
 
 def slots_for_budget(budget: float, n_experts: int) -> int:
@@ -55,6 +56,8 @@ class SimConfig:
     max_uploads: int | None = None  # at most this many fetched experts admitted per layer per step
     lowbit_share: float | None = None  # share of the slots holding low-bit copies of the most requested experts
     lowbit_quant: str | None = None  # the quantization of those copies (default: lowbit:Q's)
+    speculative: int = 0  # drafted tokens a step verifies per sequence, besides one (simulator/speculative.py)
+    accept: float | None = None  # the fraction of them accepted (with speculative > 0)
 
     def __post_init__(self):
         ev, ev_arg = parse_eviction(self.eviction)
@@ -133,6 +136,21 @@ class SimConfig:
             object.__setattr__(self, "prefetch_train", str(self.prefetch_train))
         if self.overlap is not None:
             prefetch_mod.overlap_code(self.overlap)
+        if isinstance(self.speculative, bool) or int(self.speculative) != self.speculative or self.speculative < 0:
+            raise MoesimError(f"--speculative must be a whole number of drafted tokens >= 0, got {self.speculative!r}")
+        object.__setattr__(self, "speculative", int(self.speculative))
+        if self.speculative:
+            if self.accept is None:
+                raise MoesimError("--speculative G needs --accept A, the fraction of drafted tokens accepted")
+            a = float(self.accept)
+            if not (math.isfinite(a) and 0.0 <= a <= 1.0):
+                raise MoesimError(f"--accept must be a fraction in [0, 1], got {self.accept!r}")
+            if self.prefetch != "none":
+                raise MoesimError("--speculative with --prefetch is not modelled (a prefetch predicts one token's "
+                                  "layer, a speculative step verifies several)")
+            object.__setattr__(self, "accept", a)
+        elif self.accept is not None:
+            raise MoesimError("--accept is the acceptance of --speculative G drafts: give --speculative too")
 
     @property
     def eviction_name(self) -> str:
@@ -222,6 +240,8 @@ class SimConfig:
             parts.append(f"max-uploads {self.max_uploads}")
         if self.lowbit_share is not None:
             parts.append(f"lowbit {self.lowbit_share:g} {self.low_quant}")
+        if self.speculative:
+            parts.append(f"spec {self.speculative} accept {self.accept:g}")
         return " / ".join(parts)
 
     def prefetch_label(self) -> str:

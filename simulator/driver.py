@@ -39,7 +39,8 @@ def simulate(routing: Routing | DecodedStore | str | os.PathLike, config: SimCon
     not grow with the trace. None (default): a path is streamed when decoding it whole would take more
     than MOESIM_STREAM_MB (default 512) MB; a Routing replays in memory. ``tokens=False`` keeps no
     per-token series (a streamed replay then holds nothing of size T but the token keys). ``generic``:
-    replay on the kernel that serves every config (a sweep's; simulator/kernels.py), same counts."""
+    replay on the kernel that serves every config (a sweep's; simulator/kernels.py), same counts. A config with
+    ``speculative`` = G replays steps that verify G + 1 tokens per sequence (simulator/speculative.py)."""
     if config is None:
         try:
             config = SimConfig(**kwargs)
@@ -47,6 +48,8 @@ def simulate(routing: Routing | DecodedStore | str | os.PathLike, config: SimCon
             raise MoesimError(f"bad simulation option ({exc})") from None
     elif kwargs:
         raise MoesimError("give either a SimConfig or keyword options, not both")
+    if config.speculative:
+        return _simulate_speculative(routing, config, cost, record, stream)
     if isinstance(routing, DecodedStore):
         return _simulate_stream(routing, config, cost, record, chunk_tokens, tokens, generic)
     if not isinstance(routing, Routing):
@@ -81,6 +84,20 @@ def simulate(routing: Routing | DecodedStore | str | os.PathLike, config: SimCon
     if cost is not None:
         result.attach_timing(cost, ram_cap=prep.ram_cap if prep.ram_cap >= 0 else None)
     return result
+
+
+def _simulate_speculative(routing, config: SimConfig, cost, record: bool, stream: bool | None) -> SimResult:
+    """Speculative steps (simulator/speculative.py): each verifies G + 1 tokens per sequence, in memory."""
+    from moesim.simulator.speculative import simulate_speculative
+
+    if stream or isinstance(routing, DecodedStore):
+        raise MoesimError("--speculative replays in memory only: use --no-stream, or a shorter trace")
+    if not isinstance(routing, Routing):
+        routing = load_routing(routing)
+    res = simulate_speculative(routing, config, config.speculative, config.accept, cost=cost)
+    if not record:
+        res.decisions = None
+    return res
 
 
 def should_stream(tf: TraceFile) -> bool:

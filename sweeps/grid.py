@@ -67,7 +67,8 @@ _AXIS_KEYS = {
     "prefetch": "prefetches", "prefetches": "prefetches",
 }
 _SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence", "prefetch_depth",
-                "overlap", "step_pin", "max_uploads", "lowbit_share", "lowbit_quant")
+                "overlap", "step_pin", "max_uploads", "lowbit_share", "lowbit_quant", "context", "speculative",
+                "accept")
 # Prefetch variants of the default grid (eviction, prefetch), under fetch-all; belady + oracle is the bound.
 PREFETCH_VARIANTS = (("lru", "oracle"), ("lru", "next-layer"), ("belady", "oracle"))
 LOWER_BOUND = ("belady", "fetch-all", "oracle")
@@ -90,6 +91,9 @@ class Grid:
     hws: list[str | None] = field(default_factory=lambda: [None])
     model: str | None = None
     engine: str | None = None  # engine profile pricing the grid (the llama.cpp preset always uses llama.cpp's)
+    context: int = 0  # tokens of context per sequence: sizes the KV cache out of VRAM and host RAM (docs/costmodel.md)
+    speculative: int = 0  # drafted tokens each step verifies per sequence (every config of the grid, baseline too)
+    accept: float | None = None  # the fraction of them accepted
     quants: list[str | None] = field(default_factory=lambda: [None])
     warm: bool = False
     warmup_tokens: int = 0
@@ -235,7 +239,8 @@ def expand(config_axes: Grid) -> list[Planned]:
         return SimConfig(eviction=eviction, miss=miss, admit=admit, allocation=allocation, batch=batch,
                          warm=g.warm, warmup_tokens=g.warmup_tokens, reset_per_sequence=g.reset_per_sequence,
                          overlap=g.overlap, step_pin=g.step_pin and eviction_pins(eviction), max_uploads=g.max_uploads,
-                         lowbit_share=g.lowbit_share, lowbit_quant=tier_quant(g, miss), **pf, **{kind: value})
+                         lowbit_share=g.lowbit_share, lowbit_quant=tier_quant(g, miss), speculative=g.speculative,
+                         accept=g.accept, **pf, **{kind: value})
 
     prefetches = ["none"] if g.prefetches is None else list(g.prefetches)
 
@@ -379,9 +384,9 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
             if not isinstance(value, bool):
                 raise MoesimError(f"{path}: {key} must be true or false")
             changes[key] = value
-        elif key in ("warmup_tokens", "max_uploads"):
+        elif key in ("warmup_tokens", "max_uploads", "context", "speculative"):
             changes[key] = _number(value, key, integer=True)
-        elif key == "lowbit_share":
+        elif key in ("lowbit_share", "accept"):
             changes[key] = _number(value, key, integer=False)
         else:
             raise MoesimError(f"{path}: unknown sweep key {key!r} (known: {', '.join(known)})")
@@ -404,7 +409,8 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                       admits=None, allocations=None, batches=None, warm=None, warmup_tokens=None,
                       reset_per_sequence=None, hws=None, model=None, quants=None, engine=None,
                       presets=True, baseline=None, prefetches=None, prefetch_depth=None, prefetch_train=None,
-                      overlap=None, step_pin=None, max_uploads=None, lowbit_share=None, lowbit_quant=None) -> Grid:
+                      overlap=None, step_pin=None, max_uploads=None, lowbit_share=None, lowbit_quant=None,
+                      context=None, speculative=None, accept=None) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -432,4 +438,5 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          model=model, quants=_values(quants), engine=engine, presets=presets,
                          baseline=baseline, prefetches=ax("prefetches", prefetches), prefetch_depth=prefetch_depth,
                          prefetch_train=prefetch_train, overlap=overlap, step_pin=step_pin, max_uploads=max_uploads,
-                         lowbit_share=lowbit_share, lowbit_quant=lowbit_quant)
+                         lowbit_share=lowbit_share, lowbit_quant=lowbit_quant, context=context,
+                         speculative=speculative, accept=accept)

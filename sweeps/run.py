@@ -97,8 +97,14 @@ def check_config(config: SimConfig, routing) -> None:
 
 def check_stream(config: SimConfig, entry: TraceEntry, executor: str, ci=None) -> None:
     """Fail before any replay starts on what a streamed trace cannot do."""
+    if config.speculative and ci is not None:
+        raise MoesimError("confidence intervals (--ci) of speculative replays are not modelled: their resampling "
+                          "units are tokens, a speculative step verifies several")
     if not entry.streamed:
         return
+    if config.speculative:
+        raise MoesimError(f"{entry.name}: --speculative replays in memory only; this trace is streamed (too large "
+                          "to decode whole, or --stream): use --no-stream, or a shorter trace")
     if ci is not None:
         raise MoesimError(f"{entry.name}: confidence intervals (--ci) need the per-token series of an in-memory "
                           "replay; this trace is streamed (too large to decode whole, or --stream): use --no-stream")
@@ -223,10 +229,11 @@ def plan(entries: list[TraceEntry], grid: Grid):
     for ti, entry in enumerate(entries):
         for p in planned:
             engine = PRESET_ENGINES.get(preset_names(p.config), grid.engine)
-            pair = (ti, p.hw, p.quant, engine)
+            batch = p.config.batch if grid.context else 1  # the batch sizes the KV cache only
+            pair = (ti, p.hw, p.quant, engine, batch)
             if pair not in cost_index:
                 cost, note, why = price_trace(entry.meta, p.hw, grid.model, p.quant, engine=engine,
-                                              cache_experts=largest[(ti, p.hw)])
+                                              cache_experts=largest[(ti, p.hw)], context=grid.context, batch=batch)
                 cost_index[pair] = len(costs)
                 costs.append(cost)
                 cost_info.append((note, p.hw, grid.model, p.quant, why))

@@ -27,26 +27,26 @@ class One:
 
 def simulate_one(trace, config: SimConfig, *, hw: str | None = None, model: str | None = None,
                  quant: str | None = None, engine: str | None = None, baseline: str = DEFAULT_BASELINE,
-                 ci: CI | None = None, stream: bool | None = None) -> One:
+                 ci: CI | None = None, stream: bool | None = None, context: int = 0) -> One:
     """Replay ``config`` on ``trace`` (a path or a Routing), priced by (hw, model, quant) when the trace
     can be priced, together with the speed-up baseline (``baseline``, as in a sweep) its row is compared with.
     With ``ci`` the row has confidence intervals (docs/uncertainty.md), the speed-up's paired with the baseline's.
     ``stream``: as simulator.simulate (None: streamed when the trace is too large to decode whole)."""
     entry = load_traces([trace], stream)[0]
     try:
-        return _simulate_one(entry, config, hw, model, quant, engine, baseline, ci)
+        return _simulate_one(entry, config, hw, model, quant, engine, baseline, ci, context)
     finally:
         entry.close()
 
 
-def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: str, ci) -> One:
+def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: str, ci, context: int = 0) -> One:
     import polars as pl
 
     config = canonical(config)
     size = {"budgets": [config.budget]} if config.budget is not None else {"slots": [config.slots]}
     grid = Grid(evictions=[config.eviction], misses=[config.miss], admits=[config.admit],
                 allocations=[config.allocation], batches=[config.batch], hws=[hw], model=model, quants=[quant],
-                engine=engine,
+                engine=engine, context=context, speculative=config.speculative, accept=config.accept,
                 warm=config.warm, warmup_tokens=config.warmup_tokens,
                 reset_per_sequence=config.reset_per_sequence, presets=False, baseline=baseline,
                 prefetches=[config.prefetch], prefetch_depth=config.prefetch_depth,

@@ -18,7 +18,7 @@ COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "
             "prefetches", "prefetch_used", "prefetch_late", "prefetches_nvme", "lowbit", "capped", "pin_full",
             "lowbit_tier")
 COST_KEYS = ("dense_layer", "vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram", "copy_nvme",
-             "cpu_handoff", "writeback", "fetch_lowbit", "lowbit_vram")
+             "cpu_handoff", "writeback", "fetch_lowbit", "lowbit_vram", "router_sync")
 
 
 def _top(counts: dict, n: int) -> list:
@@ -30,7 +30,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                      allocation="per-layer", warm=False, warmup_tokens=0, reset_per_sequence=False,
                      half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None,
                      params=None, decisions=None, overlap="none", prefetch="none", prefetch_depth=1,
-                     prefetch_train=None, lookahead=None, step_pin=False, max_uploads=None, lowbit_tier=0):
+                     prefetch_train=None, lookahead=None, step_pin=False, max_uploads=None, lowbit_tier=0,
+                     cpu_overlap=False):
     """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
@@ -48,7 +49,19 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     onto the link back to back. ``max_uploads``: at most this many fetches admitted per step (the rest: capped).
     ``lowbit_tier``: low-bit copies per layer (``slots`` is then the full-expert slots) of the most requested
     experts after the pinned ones, resident throughout; a miss of one runs it (lowbit, lowbit_tier; cost
-    lowbit_vram) whatever the miss policy."""
+    lowbit_vram) whatever the miss policy.
+
+    Engine costs of a dynamic cache (issue 29, docs/replay-semantics.md; the kernel charges them from v2 on):
+    cost key ``router_sync`` is charged once per (token, layer) step whose layer is not wholly resident (some of its E
+    experts not in VRAM once the step's landed copies are admitted), right after the step's dense share and before
+    its experts: the host reads the router's output back, and the step's router decision (when its copies are
+    issued) comes after it. ``miss="hybrid"``: every miss is computed on the CPU for this use (cpu_ram / cpu_nvme,
+    counted as cpu, outcome "cpu") and, unless the expert is already queued, uploaded into the cache in the
+    background: a copy from host RAM (copy_ram) queued on the link at the issue time, admitted when it lands as
+    --admit's copies are; with ``max_uploads`` at most that many uploads per step (the rest: capped). With
+    ``cpu_overlap`` (``overlap="none"`` only) a step's CPU experts run on the host from its router decision while the
+    GPU runs its other experts: the step's experts end at the later of the two, then the hand-off is added."""
+    assert not (cpu_overlap and overlap != "none"), "cpu_overlap is defined for overlap none"
     wm = w if wm is None else wm
     decisions = {} if decisions is None else decisions
     cost = dict.fromkeys(COST_KEYS, 0.0) | (cost or {})
@@ -252,6 +265,11 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                         c["admissions"] += 1
                         tc["admissions"] += 1
                 i += 1
+            if cost["router_sync"] and not all(resident((l, e)) for e in range(E)):
+                clock["now"] += cost["router_sync"]  # the host reads the router's output back
+                clock["router"] = clock["now"]
+                link_own = clock["now"]
+            cpu_end = clock["now"]  # cpu_overlap: the host's own timeline from the router decision
             selected = {(l, int(e)) for e in sel[t, l] if e >= 0}
             ran_as_substitute = set()
             cpu_before = c["cpu"]
@@ -368,14 +386,28 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                             elif got:
                                 uploads += 1
                     continue
-                if action == "cpu":
+                if action in ("cpu", "hybrid"):
+                    decisions[(t, l, r)] = ("cpu", -1)
                     c["cpu"] += 1
                     tc["cpu"] += 1
                     nvme = from_nvme(o)
-                    clock["now"] += cost["cpu_nvme" if nvme else "cpu_ram"]
+                    if cpu_overlap:
+                        cpu_end += cost["cpu_nvme" if nvme else "cpu_ram"]
+                    else:
+                        clock["now"] += cost["cpu_nvme" if nvme else "cpu_ram"]
                     if nvme:
                         c["cpu_nvme"] += 1
                         tc["cpu_nvme"] += 1
+                    if action == "hybrid" and not pinning and o not in [x for x, _ in queue]:
+                        if max_uploads is not None and uploads >= max_uploads:
+                            c["capped"] += 1
+                            tc["capped"] += 1
+                        else:  # uploaded in the background from host RAM, where the CPU has just read it
+                            uploads += 1
+                            clock["link"] = max(issue_time(), clock["link"]) + cost["copy_ram"]
+                            queue.append((o, clock["link"]))
+                            for d in (c, tc):
+                                d["copies"] += 1
                     continue
                 sub = None
                 if action == "substitute":
@@ -403,6 +435,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     c["first_choice_substitutions"] += 1
                     tc["first_choice_substitutions"] += 1
                 background_copy(o, wr, c, tc, queue)
+            if cpu_overlap:  # the CPU experts ran beside the GPU's: the later of the two ends the experts
+                clock["now"] = max(clock["now"], cpu_end)
             if c["cpu"] > cpu_before:  # the hand-off of a layer computed (partly) on the CPU
                 clock["now"] += cost["cpu_handoff"]
             lt = l + prefetch_depth

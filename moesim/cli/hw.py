@@ -83,7 +83,8 @@ def hw_show(name, fmt):
     ] + ([("CPU sockets", f"{h.sockets}, a process runs on {h.process_sockets}; another socket's memory read at "
                           f"{e['cpu_remote_gb_s']:.4g} GB/s; weights spread over the nodes (llama.cpp): "
                           f"{e['cpu_spread_gb_s']:.4g} GB/s")] if h.sockets > 1 else []))
-    for table in ("gpu", "vram", "ram", "link", "nvme", "cpu"):
+    # [engine]: a calibrated machine's engine profile and its fitted numbers (moesim calibrate)
+    for table in ("gpu", "vram", "ram", "link", "nvme", "cpu") + (("engine",) if s["file"].get("engine") else ()):
         t = s["file"].get(table, {})
         src = t.get("sources", {})
         click.echo(f"\n[{table}]")

@@ -45,7 +45,8 @@ def policy_options(f):
                           "copies overlap its resident compute; the link is synchronized per layer), cross-layer "
                           "(copies also run while later layers compute). Default: the engine profile's "
                           "(docs/replay-semantics.md)."),
-        STEP_PIN_OPTION, MAX_UPLOADS_OPTION, LOWBIT_SHARE_OPTION, LOWBIT_QUANT_OPTION,
+        STEP_PIN_OPTION, MAX_UPLOADS_OPTION, LOWBIT_SHARE_OPTION, LOWBIT_QUANT_OPTION, SPECULATIVE_OPTION,
+        ACCEPT_OPTION,
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -70,6 +71,15 @@ MAX_UPLOADS_OPTION = click.option(
          "fetches run for that use only.")
 
 
+SPECULATIVE_OPTION = click.option(
+    "--speculative", type=click.IntRange(min=0), default=0, show_default=True, metavar="G",
+    help="Speculative / multi-token-prediction decoding: each step verifies G drafted tokens plus one per sequence, "
+         "reading the union of their experts; tokens per second count the accepted tokens (in memory).")
+ACCEPT_OPTION = click.option(
+    "--accept", type=click.FloatRange(0.0, 1.0), default=None, metavar="A",
+    help="Fraction of drafted tokens accepted: a step yields 1 + A·G tokens per sequence (with --speculative).")
+
+
 def cost_options(f):
     """--hw/--model/--quant: the machine and model that price a replay."""
     opts = [
@@ -81,8 +91,12 @@ def cost_options(f):
                      help="Quantization: bf16, q8_0, q4_k_m, ... (default: the native format if it fits the machine, "
                           "else Q8_0 or Q4_K_M; docs/costmodel.md)."),
         click.option("--engine", default=None,
-                     help="Engine profile that prices the replay: ideal (default), llama.cpp, mixtral-offloading, "
-                          "ktransformers, or a TOML file."),
+                     help="Engine profile that prices the replay: ideal, llama.cpp, llama.cpp-expert-cache, "
+                          "mixtral-offloading, ktransformers, imp, or a TOML file (default: the machine file's "
+                          "[engine], else ideal)."),
+        click.option("--context", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Tokens of context per sequence: the KV cache of every sequence of the batch takes VRAM "
+                          "and host RAM before the expert tiers, and each token reads it (docs/costmodel.md)."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -98,14 +112,14 @@ STREAM_OPTION = click.option(
 
 def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                 batch=1, prefetch="none", prefetch_depth=1, prefetch_train=None, overlap=None, step_pin=False,
-                max_uploads=None, lowbit_share=None, lowbit_quant=None):
+                max_uploads=None, lowbit_share=None, lowbit_quant=None, speculative=0, accept=None):
     from moesim.simulator import SimConfig
 
     return SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                      warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
                      prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
                      step_pin=bool(step_pin), max_uploads=max_uploads, lowbit_share=lowbit_share,
-                     lowbit_quant=lowbit_quant)
+                     lowbit_quant=lowbit_quant, speculative=speculative, accept=accept)
 
 
 @click.command("simulate")
@@ -122,8 +136,8 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
             batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads, lowbit_share,
-            lowbit_quant, hw, model, quant, engine, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, stream,
-            fmt):
+            lowbit_quant, speculative, accept, hw, model, quant, engine, context, per_token, baseline, ci,
+            ci_resamples, ci_unit, ci_method, stream, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine, with the speed-up over the baseline (default: the
@@ -140,10 +154,10 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
         check_output(per_token, inputs)
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads,
-                         lowbit_share, lowbit_quant)
+                         lowbit_share, lowbit_quant, speculative, accept)
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
-                       ci=intervals, stream=stream)
+                       ci=intervals, stream=stream, context=context)
     result = one.result
     if per_token:
         from moesim.files import write_table

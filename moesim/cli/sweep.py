@@ -75,8 +75,17 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
                                              "it fits the machine, else Q8_0 or Q4_K_M, for the largest cache; "
                                              "docs/costmodel.md).")
 @click.option("--engine", default=None,
-              help="Engine profile pricing the grid: ideal (default), llama.cpp, mixtral-offloading, ktransformers or "
-                   "a TOML file. The llama.cpp preset is always priced with the llama.cpp profile.")
+              help="Engine profile pricing the grid: ideal, llama.cpp, llama.cpp-expert-cache, mixtral-offloading, "
+                   "ktransformers, imp or a TOML file (default: the machine file's [engine], else ideal). The "
+                   "llama.cpp preset is always priced with the llama.cpp profile.")
+@click.option("--speculative", type=click.IntRange(min=0), default=None, metavar="G",
+              help="Speculative / multi-token-prediction decoding for every config (the baseline too): a step "
+                   "verifies G drafted tokens plus one per sequence; tokens per second count the accepted ones.")
+@click.option("--accept", type=click.FloatRange(0.0, 1.0), default=None, metavar="A",
+              help="Fraction of drafted tokens accepted (with --speculative).")
+@click.option("--context", type=click.IntRange(min=0), default=None,
+              help="Tokens of context per sequence: the KV cache of every sequence of a batch takes VRAM and host "
+                   "RAM before the expert tiers (default 0: not counted).")
 @click.option("--config", "config", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="TOML file declaring the grid (docs/sweep.md); flags given here replace its axes.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str), default=None,
@@ -120,7 +129,8 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @ci_options
 @STREAM_OPTION
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-            reset_per_sequence, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine, config,
+            reset_per_sequence, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine,
+            speculative, accept, context, config,
             output, fmt, jobs, executor, top, baseline, rank_by, max_mass, wide, flush_every, quality, max_dppl,
             report_dir, prefetch, prefetch_depth, prefetch_train, overlap, ci, ci_resamples, ci_unit, ci_method,
             stream):
@@ -175,7 +185,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              model=model, quants=given(quant), engine=engine, baseline=baseline,
                              prefetches=given(prefetch), prefetch_depth=prefetch_depth, prefetch_train=prefetch_train,
                              overlap=overlap, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
-                             lowbit_quant=lowbit_quant)
+                             lowbit_quant=lowbit_quant, context=context, speculative=speculative, accept=accept)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)
