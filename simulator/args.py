@@ -32,6 +32,7 @@ from moesim.simulator.counters import (
     S_FETCH_NVME,
     S_FETCH_RAM,
     S_LOWBIT_VRAM,
+    S_ROUTER_SYNC,
     S_WRITEBACK,
 )
 from moesim.simulator.kernels import Variant, variant
@@ -71,6 +72,7 @@ class Policy(NamedTuple):
     uses_score: bool       # ... its decayed request score
     admits: bool           # False for a pinned placement: nothing is ever admitted
     pin_mode: int          # how --step-pin keeps the step's experts (simulator/step_pin.py MODE_*)
+    cpu_overlap: bool      # the engine runs a step's CPU experts beside its GPU work (CostParams.cpu_overlap)
 
 
 class Setup(NamedTuple):
@@ -157,6 +159,7 @@ def kernel_costs(cost: Any, n_layers: int, batch: int, lowbit: str | None = None
     c[S_COPY_NVME] = cost.s_copy_nvme
     c[S_CPU_HANDOFF] = cost.s_cpu_handoff
     c[S_WRITEBACK] = cost.s_writeback
+    c[S_ROUTER_SYNC] = getattr(cost, "s_router_sync", 0.0)
     return c
 
 
@@ -252,8 +255,9 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
                     reset_per_seq=bool(config.reset_per_sequence), overlap=overlap,
                     prefetch=pf_code, pf_depth=int(config.prefetch_depth), step_pin=bool(config.step_pin),
-                    max_uploads=int(config.max_uploads or 0), uses_next=ev.uses_next_request,
-                    uses_score=ev.uses_score, admits=not ev.pinned, pin_mode=ev.pin_mode)
+                    max_uploads=upload_cap(config, cost), uses_next=ev.uses_next_request,
+                    uses_score=ev.uses_score, admits=not ev.pinned, pin_mode=ev.pin_mode,
+                    cpu_overlap=bool(getattr(cost, "cpu_overlap", False)) and overlap == prefetch_mod.OVERLAP_NONE)
     succ, cnt = np.zeros((0, 0, 0), np.int16), np.zeros((0, 0, 0), np.int64)
     if pf_code == prefetch_mod.NEXT_LAYER:
         succ, cnt = next_layer_table(source, config)
@@ -275,6 +279,16 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     return policy, setup, state, slots, ram_cap
 
 
+def upload_cap(config: SimConfig, cost: Any) -> int:
+    """Fetched (or, for hybrid misses, uploaded) experts admitted per layer per step at most (0: no cap):
+    --max-uploads, else for hybrid misses the engine profile's uploads_per_layer."""
+    if config.max_uploads:
+        return int(config.max_uploads)
+    if config.miss_name == "hybrid" and cost is not None:
+        return int(getattr(cost, "uploads_per_layer", 0) or 0)
+    return 0
+
+
 def variant_of(config: SimConfig, cost: Any, record: bool = False, generic: bool = False) -> Variant:
     """The kernel a replay of ``config`` (priced by ``cost`` or not; with a decision record or not) runs;
     ``generic``: the kernel a sweep runs it on (ext at least)."""
@@ -285,10 +299,10 @@ def family_of(config: SimConfig, cost: Any, record: bool = False, generic: bool 
     """The kernel family (simulator/kernels.py FAMILIES) a replay needs: engine for --step-pin, --max-uploads
     and the low-bit paths; ext for any other miss policy than fetch-all, prefetch or an overlapped clock; else
     lean (no clock, no host-RAM tier, no decision record) or plain."""
-    if config.step_pin or config.max_uploads or config.lowbit_share or miss_mod.miss_quant(config.miss):
+    if config.step_pin or upload_cap(config, cost) or config.lowbit_share or miss_mod.miss_quant(config.miss):
         return "engine"
     if generic or config.miss_name != "fetch-all" or config.prefetch != "none" \
-            or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE:
+            or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or getattr(cost, "cpu_overlap", False):
         return "ext"
     return "lean" if cost is None and not record else "plain"
 

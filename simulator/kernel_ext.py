@@ -18,13 +18,14 @@ import numpy as np
 
 from moesim.policies import miss
 from moesim.policies import prefetch as pfp
-from moesim.policies.structures import CAP, MARK, NREQ, RES, SCORE
+from moesim.policies.structures import CAP, MARK, NREQ, QUEUED, RES, SCORE
 from moesim.simulator import overlap
 from moesim.simulator import prefetch as pfm
 from moesim.simulator import step_pin as pin
-from moesim.simulator.copyqueue import land
+from moesim.simulator.copyqueue import land, upload
 from moesim.simulator.counters import (
     ADMISSIONS,
+    CAPPED,
     DECAY_BASE,
     EVICTIONS,
     FETCHES,
@@ -45,10 +46,20 @@ from moesim.simulator.counters import (
     S_FETCH_NVME,
     S_FETCH_RAM,
     S_LOWBIT_VRAM,
+    S_ROUTER_SYNC,
     S_WRITEBACK,
 )
 from moesim.simulator.host_ram import from_nvme
-from moesim.simulator.miss_paths import admit_engine, cpu_run, lose, lowbit_fetch, pinned_hits, sync_fetch, tier_run
+from moesim.simulator.miss_paths import (
+    admit_engine,
+    cpu_run,
+    layer_cold,
+    lose,
+    lowbit_fetch,
+    pinned_hits,
+    sync_fetch,
+    tier_run,
+)
 from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE
 from moesim.simulator.prefetch_state import reset as pf_reset
 from moesim.simulator.reset import clocked, first_ticks, reset_state
@@ -104,7 +115,8 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
     s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
     s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
     s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
-    s_lowbit_vram = cost[S_LOWBIT_VRAM]
+    s_lowbit_vram, s_sync = cost[S_LOWBIT_VRAM], cost[S_ROUTER_SYNC]
+    cpu_ov = policy.cpu_overlap and timed  # a step's CPU experts run on the host beside its GPU work
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
     copies = beta > 0.0 and admits
     # overlap (simulator/overlap.py) and prefetch (simulator/prefetch.py): off, they leave the loop as it was
@@ -165,6 +177,11 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
             if qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
                 n_admit, n_evict, link_free = land(insert, prm, pool, l, tick0, now, link_free, s_writeback, ob,
                                                    fo, po, heap, queue, queue_t, qhl, pf)
+            if s_sync != 0.0 and layer_cold(ob, base, E):  # the host reads the router's output back first
+                now += s_sync
+                t_r = now
+                lk0 = now
+            cpu_end = now  # cpu_ov: the host's timeline from the router decision
             for r in range(k):  # the step row: the seam where a step policy may rewrite the selection
                 row[r] = sel[t, l, r]
                 row_w[r] = w[t, l, r]
@@ -267,10 +284,23 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_LOWBIT
                     continue
-                if action == miss.CPU:
+                if action == miss.CPU or action == miss.HYBRID:
                     ran_cpu = True
-                    now = cpu_run(o, l, t, now, timed, tiered, ram, s_cpu_ram, s_cpu_nvme, ob, po, tok_counts,
-                                  layer_counts, counting)
+                    if cpu_ov:
+                        cpu_end = cpu_run(o, l, t, cpu_end, timed, tiered, ram, s_cpu_ram, s_cpu_nvme, ob, po,
+                                          tok_counts, layer_counts, counting)
+                    else:
+                        now = cpu_run(o, l, t, now, timed, tiered, ram, s_cpu_ram, s_cpu_nvme, ob, po, tok_counts,
+                                      layer_counts, counting)
+                    if action == miss.HYBRID and admits and ob[o, QUEUED] == 0:  # and upload it for later tokens
+                        if max_up > 0 and n_up >= max_up:
+                            tok_counts[CAPPED, t] += 1
+                            if counting:
+                                layer_counts[l, CAPPED] += 1
+                        else:
+                            n_up += 1
+                            link_free = upload(o, l, t_r if ov else now, link_free, cost, timed, ob, queue, queue_t,
+                                               qhl, tok_counts, layer_counts, t, counting)
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_CPU
                     continue
@@ -283,6 +313,8 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
 
             if ENGINE and step_pin:
                 pin.restore(pin_mode, row, base, pool, ob, po, heap, spin)
+            if cpu_ov:  # the CPU experts ran beside the GPU's: the later of the two ends the experts
+                now = max(now, cpu_end)
             if timed and ran_cpu:
                 now += s_handoff
             if prefetching:

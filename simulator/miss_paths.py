@@ -28,6 +28,16 @@ from moesim.simulator.host_ram import from_nvme
 
 
 @njit(inline="always")
+def layer_cold(ob, base, E):
+    """Is some expert of the layer (objects base .. base + E - 1) not resident? Then an engine reads the router's
+    output back to the host before the step's experts (the router read-back, cost router_sync)."""
+    for e in range(E):
+        if ob[base + e, RES] == 0:
+            return True
+    return False
+
+
+@njit(inline="always")
 def sync_fetch(now, link_free, copy_end, stall, s_link, s_run):
     """A copy the step waits for: it takes the link behind what is queued there, from ``copy_end`` on (the time
     waited is stall), then the expert runs. Returns (now, link_free, copy_end, stall)."""
