@@ -5,10 +5,10 @@ names and column indices, shared by the kernels, the argument builder and the re
 COUNTER_NAMES = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
                  "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
                  "prefetches", "prefetch_used", "prefetch_late", "prefetches_nvme", "lowbit", "capped", "pin_full",
-                 "lowbit_tier")
+                 "lowbit_tier", "rerouted", "first_choice_changed")
 (REQUESTS, HITS, MISSES, FETCHES, SUBSTITUTIONS, DROPS, CPU, ADMISSIONS, FIRST_CHOICE_SUBS, EVICTIONS,
  FETCHES_NVME, CPU_NVME, COPIES, COPIES_NVME, PREFETCHES, PREFETCH_USED, PREFETCH_LATE,
- PREFETCHES_NVME, LOWBIT, CAPPED, PIN_FULL, LOWBIT_TIER) = range(len(COUNTER_NAMES))
+ PREFETCHES_NVME, LOWBIT, CAPPED, PIN_FULL, LOWBIT_TIER, REROUTED, FIRST_CHOICE_CHANGED) = range(len(COUNTER_NAMES))
 N_COUNTERS = len(COUNTER_NAMES)
 
 # cost columns: seconds per operation (simulator/args.py kernel_costs); all zero replays without a clock

@@ -18,8 +18,9 @@ import numpy as np
 
 from moesim.policies import miss
 from moesim.policies import prefetch as pfp
+from moesim.policies import reroute as reroute_mod
 from moesim.policies.structures import CAP, MARK, NREQ, QUEUED, RES, SCORE
-from moesim.simulator import overlap
+from moesim.simulator import overlap, reroute
 from moesim.simulator import prefetch as pfm
 from moesim.simulator import step_pin as pin
 from moesim.simulator.copyqueue import land, upload
@@ -30,6 +31,7 @@ from moesim.simulator.counters import (
     EVICTIONS,
     FETCHES,
     FETCHES_NVME,
+    FIRST_CHOICE_CHANGED,
     HITS,
     LINK_FREE,
     MISSES,
@@ -37,6 +39,7 @@ from moesim.simulator.counters import (
     PREFETCH_USED,
     PREV_SEQ,
     REQUESTS,
+    REROUTED,
     RESCALE,
     S_CPU_HANDOFF,
     S_CPU_NVME,
@@ -62,6 +65,7 @@ from moesim.simulator.miss_paths import (
 )
 from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE
 from moesim.simulator.prefetch_state import reset as pf_reset
+from moesim.simulator.reroute import NEVER_USED
 from moesim.simulator.reset import clocked, first_ticks, reset_state
 
 # Bound per specialization (simulator/kernels.py): the inlinable hooks, of a custom policy or of every structure
@@ -87,7 +91,10 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
     clock, scal = state.clock, state.scal
     layer_counts, layer_mass, tok_counts, tok_mass = out.layer_counts, out.layer_mass, out.tok_counts, out.tok_mass
     tok_seconds, tok_stall = out.tok_seconds, out.tok_stall
-    outcome, substituted = out.outcome, out.substitute
+    outcome, substituted, rec_sel = out.outcome, out.substitute, out.selected
+    row_next, last_req = state.row_next, state.last_req
+    rerouting = policy.step != reroute_mod.NONE
+    recent = rerouting and policy.step_resident != reroute_mod.RESIDENT_CACHE
     pool_of_layer, cost, lowbit_res = setup.pool_of_layer, setup.cost, setup.lowbit_res
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
@@ -144,6 +151,9 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 insert(ob, fo, po, heap, prm, pool_of_layer[o // E], o, -2 * (nw - i) - 1)
             if prefetching:
                 pf_reset(pf, state.pf_scal)
+            if recent:
+                for o in range(n_obj):
+                    last_req[o] = NEVER_USED
             decay_base = tg
         prev_seq = tok_seq[t]
         if uses_score and half_life > 0.0:
@@ -182,17 +192,32 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 t_r = now
                 lk0 = now
             cpu_end = now  # cpu_ov: the host's timeline from the router decision
-            for r in range(k):  # the step row: the seam where a step policy may rewrite the selection
-                row[r] = sel[t, l, r]
-                row_w[r] = w[t, l, r]
-                row_wm[r] = wm[t, l, r]
+            if rerouting:  # the step seam: a step policy rewrites the row from the step's candidate scores
+                n_rr, displaced, changed = reroute.select(policy, steps, state, fo, t, l, base, tg)
+                if n_rr:
+                    tok_counts[REROUTED, t] += n_rr
+                    tok_counts[FIRST_CHOICE_CHANGED, t] += changed
+                    out.tok_displaced[t] += displaced
+                    if counting:
+                        layer_counts[l, REROUTED] += n_rr
+                        layer_counts[l, FIRST_CHOICE_CHANGED] += changed
+                        out.layer_displaced[l] += displaced
+            else:
+                for r in range(k):
+                    row[r] = sel[t, l, r]
+                    row_w[r] = w[t, l, r]
+                    row_wm[r] = wm[t, l, r]
+                    row_next[r] = next_req[t, l, r]
+            if record:
+                for r in range(k):
+                    rec_sel[t, l, r] = row[r]
             if substitutes:  # a substitute may not be one of the step's selected experts
                 for r in range(k):
                     if row[r] >= 0:
                         fo[base + row[r], MARK] = step
             if ENGINE and step_pin:  # the step's hits first (in rank order), then its misses below
                 pin.mark(row, base, step, spin)
-                n_hit, now = pinned_hits(hit, prm, pool, row, next_req, t, l, base, tick0 + E, uses_next, uses_score,
+                n_hit, now = pinned_hits(hit, prm, pool, row, row_next, t, l, base, tick0 + E, uses_next, uses_score,
                                          inc, timed, s_vram, now, record, ob, fo, po, heap, outcome)
                 n_req = n_hit
                 pin.raise_hits(pin_mode, row, base, pool, ob, po, heap, spin)
@@ -203,11 +228,13 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 if e < 0:
                     continue
                 o = base + e
+                if recent:
+                    last_req[o] = tg
                 if step_pin and ob[o, RES] != 0:
                     continue  # a hit, handled above
                 tick = tick0 + E + (n_req if step_pin else r)  # --step-pin: ticks in the order handled
-                if uses_next:
-                    fo[o, NREQ] = next_req[t, l, r]
+                if uses_next and row_next[r] >= 0:  # (an expert rerouted in keeps its next router request)
+                    fo[o, NREQ] = row_next[r]
                 if uses_score:
                     fo[o, SCORE] += inc
                 n_req += 1
