@@ -137,6 +137,8 @@ def test_router_like_structure(tmp_path):
     (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--domains", "code,code"], "twice"),
     (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--candidates", "4"], "--candidates"),
     (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--seed", "-1"], "--seed"),
+    (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--generator", "1"], "generator 1 (the original numpy one) was"),
+    (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--generator", "3"], "unknown generator 3"),
 ])
 def test_bad_arguments(tmp_path, args, needle):
     out = tmp_path / "x.parquet"

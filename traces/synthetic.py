@@ -28,9 +28,7 @@ from moesim.traces.synth_presets import PRESETS, RoutingKnobs, preset_names
 from moesim.traces.writer import TraceWriter
 
 GENERATOR = "moesim-synth"
-GENERATOR_VERSION = 2
-GENERATORS = (1, 2)  # 1: the original numpy generator, kept to rebuild traces it made
-CHUNK_TOKENS = 64  # generator 1: tokens per block; fixed, so the random stream never depends on memory
+GENERATOR_VERSION = 2  # generator 1 (numpy, ~10x slower, no layer coupling) was removed; its files still read
 CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per kernel call (any size: same trace)
 # generator 2 with layer coupling: at most this many (token, layer, expert) per call (the chunks, hence the
 # written batches, of the sparse layout's files depend on it)
@@ -146,58 +144,8 @@ def base_scores(seed: int, L: int, E: int, domain_names: list[str], knobs: Routi
     return out.astype(np.float32)
 
 
-def _scores(base: np.ndarray, seq: np.ndarray, pos: np.ndarray, dom: np.ndarray, knobs: RoutingKnobs,
-            rng: np.random.Generator):
-    """Yield (token slice, scores [c, L, E] float32) block by block, in token order."""
-    _, L, E = base.shape
-    T = len(seq)
-    rho = np.float32(np.clip(knobs.rho, 0.0, 0.9999))
-    innov = np.float32(np.sqrt(1.0 - float(rho) ** 2) * knobs.drift)
-    z = np.zeros((L, E), dtype=np.float32)
-    for start in range(0, T, CHUNK_TOKENS):
-        c = min(CHUNK_TOKENS, T - start)
-        eps = rng.standard_normal((c, L, E), dtype=np.float32)
-        # Gumbel noise: the top-k of score + Gumbel is a draw of k experts without replacement with
-        # probabilities proportional to exp(score) (the Gumbel-top-k trick). Gumbel = -log(Exp(1)).
-        noise = rng.standard_exponential((c, L, E), dtype=np.float32)
-        np.maximum(noise, np.float32(1e-30), out=noise)
-        np.log(noise, out=noise)
-        noise *= np.float32(-knobs.noise)
-        out = base[dom[start:start + c]]  # [c, L, E] (a copy)
-        for i in range(c):
-            t = start + i
-            if pos[t] == 0 or (t > 0 and seq[t] != seq[t - 1]):
-                # A new sequence starts from the stationary distribution of the drift.
-                z = np.float32(knobs.drift) * eps[i]
-            else:
-                z = rho * z + innov * eps[i]
-            out[i] += z
-        out += noise
-        yield slice(start, start + c), out
-
-
-def _quantize(scores: np.ndarray, knobs: RoutingKnobs) -> np.ndarray:
-    q = np.rint((scores / np.float32(knobs.temperature) + np.float32(knobs.offset)) / np.float32(knobs.grid))
-    return np.clip(q, -_QMAX + 1, _QMAX - 1).astype(np.int64)
-
-
-def top_candidates(q: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best m experts of each row of integer scores q [n, E]: (ids, q) ranked, equal scores lower id first."""
-    n, E = q.shape
-    key = ((_QMAX - q) << 16) | np.arange(E, dtype=np.int64)[None, :]
-    if m < E:
-        key = np.take_along_axis(key, np.argpartition(key, m - 1, axis=1)[:, :m], axis=1)
-    key.sort(axis=1)
-    return (key & 0xFFFF).astype(np.int16), _QMAX - (key >> 16)
-
-
-def log_sum_exp(x: np.ndarray) -> np.ndarray:
-    mx = x.max(axis=1, keepdims=True)
-    return (mx[:, 0] + np.log(np.exp(x - mx).sum(axis=1)))
-
-
 def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0, layout="ranked",
-                 generator=GENERATOR_VERSION, lookahead=False) -> str:
+                 lookahead=False) -> str:
     parts = ["moesim synth", f"--preset {preset}", f"--tokens {tokens}", f"--seqs {seqs}", f"--seed {seed}"]
     if domains is not None:
         parts.append(f"--domains {','.join(domains) if domains else 'none'}")
@@ -207,8 +155,6 @@ def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, pre
         parts.append(f"--prefill {prefill}")
     if layout != "ranked":
         parts.append(f"--layout {layout}")
-    if generator != GENERATOR_VERSION:
-        parts.append(f"--generator {generator}")
     if lookahead:
         parts.append("--lookahead")
     parts.append(f"-o {path}")
@@ -229,9 +175,9 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     ``domains``: None -> the preset's default domains; [] -> no domain structure (no domain column).
     ``candidates``: M stored per row (default: the preset's, capped at E). The first ``prefill``
     positions of every sequence are marked phase 'prefill', the rest 'decode'.
-    ``knobs`` overrides the preset's routing knobs (calibration experiments). ``generator`` 1 is the
-    original numpy implementation (same model, other random numbers, ~10x slower), kept so that
-    traces it wrote can be rebuilt byte for byte. ``lookahead``: also write the lookahead column, a noisy
+    ``knobs`` overrides the preset's routing knobs (calibration experiments). ``generator``: 2, the
+    only one (generator 1, the original numpy one, was removed; the files it wrote read as any
+    other). ``lookahead``: also write the lookahead column, a noisy
     copy of the next layer's selection (knob ``lookahead_noise``)."""
     from moesim import __version__
     from moesim.costmodel.models import load_model
@@ -239,13 +185,14 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     check_args(preset, tokens, seqs, seed, domains, prefill)
     if layout not in LAYOUTS:
         raise MoesimError(f"unknown synthetic trace layout {layout!r} (use {' or '.join(LAYOUTS)})")
-    if generator not in GENERATORS:
-        raise MoesimError(f"unknown generator {generator!r} (use {' or '.join(map(str, GENERATORS))})")
+    if generator != GENERATOR_VERSION:
+        raise MoesimError(f"generator {generator!r} is not available: generator 1 (the original numpy one) was "
+                          f"removed in favour of generator {GENERATOR_VERSION}, the default (traces it wrote still "
+                          "read and replay as before, but cannot be rebuilt)" if generator == 1 else
+                          f"unknown generator {generator!r} (use {GENERATOR_VERSION})")
     tokens, seqs, seed, prefill = int(tokens), int(seqs), int(seed), int(prefill)
     model = load_model(preset)
     kn = knobs if knobs is not None else PRESETS[preset]
-    if generator == 1 and kn.couple:
-        kn = kn.replace(couple=0.0)  # generator 1 predates layer coupling (its traces have none)
     L, E, k = len(model.moe_layers), model.n_experts, model.top_k
     M = min(E, kn.candidates) if candidates is None else int(candidates)
     M = max(M, k) if candidates is None else M
@@ -276,7 +223,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
             "preset": preset, "tokens": tokens, "seqs": seqs, "seed": seed,
             "domains": use_domains, "prefill": prefill, "candidates": M,
             "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill,
-                                               layout, generator, lookahead),
+                                               layout, lookahead),
             "generator": generator, "knobs": kn.to_dict(),
             "note": "synthetic routing from a generative model calibrated to published statistics; "
                     "not recorded from the model",
@@ -312,19 +259,15 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
             yield dict(seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=layer_rows(c),
                        phase=np.repeat(phase_codes[rows], L), **extra)
 
-    if generator == 1:
-        made = batches(_chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
-        threads: contextlib.AbstractContextManager = contextlib.nullcontext()
-    else:
-        # two stages, each on its own cores: the generator thread runs the kernel (all cores but one) and sorts
-        # each row's candidate keys, this thread unpacks them, makes the columns and writes (one core; where
-        # the CPU time balances: docs/synthetic.md)
-        gen_threads, threads = _thread_split()
-        keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
-                        buffers=AHEAD + 2)
-        # the gate gaps come with the ids, and q only where a column needs it
-        made = batches(_unpacked(_ahead(_sorted(_numba_threads_in(keys, gen_threads)), AHEAD), M,
-                                 k - 1 if gaps else 0, with_q=not gaps or lookahead))
+    # two stages, each on its own cores: the generator thread runs the kernel (all cores but one) and sorts
+    # each row's candidate keys, this thread unpacks them, makes the columns and writes (one core; where
+    # the CPU time balances: docs/synthetic.md)
+    gen_threads, threads = _thread_split()
+    keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
+                    buffers=AHEAD + 2)
+    # the gate gaps come with the ids, and q only where a column needs it
+    made = batches(_unpacked(_ahead(_sorted(_numba_threads_in(keys, gen_threads)), AHEAD), M,
+                             k - 1 if gaps else 0, with_q=not gaps or lookahead))
     level = RANKED_ZSTD_LEVEL if ranked else 9
     with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
                               weights=sigmoid, compression_level=level, lookahead=lookahead) as writer:
@@ -333,22 +276,11 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     return path
 
 
-def _chunks_v1(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool):
-    """Generator 1 (numpy): yield (token slice, ranked ids [n, M], their q [n, M], every q [n, E] or
-    None, lse [n] or None, None: the gate gaps are made from q) per block of CHUNK_TOKENS tokens,
-    n = tokens x layers."""
-    _, L, E = base.shape
-    for rows, scores in _scores(base, seq, pos, dom, kn, _rng(seed, "tokens")):
-        c = rows.stop - rows.start
-        q = _quantize(scores, kn).reshape(c * L, E)
-        ids, top_q = top_candidates(q, M)
-        yield rows, ids, top_q, q if full else None, log_sum_exp(q * kn.grid) if lse else None, None
-
-
 def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool,
                weights: np.ndarray):
     """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
-    jitted and parallel over layers; same yields as _chunks_v1."""
+    jitted and parallel over layers: yield (token slice, ranked ids [n, M], their q [n, M], every q [n, E]
+    or None, lse [n] or None, None)."""
     return _unpacked(_sorted(_keys_v2(base, seq, pos, dom, kn, seed, M, full=full, lse=lse, weights=weights,
                                       buffers=1)), M)
 
@@ -364,7 +296,7 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
     _passive_omp()
     D, L, E = base.shape
     if E > 1 << kern.ID_BITS:
-        raise MoesimError(f"generator 2 handles up to {1 << kern.ID_BITS} experts, not {E}: use --generator 1")
+        raise MoesimError(f"the synthetic generator handles up to {1 << kern.ID_BITS} experts, not {E}")
     T = len(seq)
     key = np.uint64(_rng(seed, "tokens-v2").integers(0, 2**63))
     ntab, gtab = _quantile_tables()
@@ -405,9 +337,9 @@ def _sorted(keyed):
 
 
 def _unpacked(keyed, M: int, n_gaps: int = 0, with_q: bool = True):
-    """_sorted chunks as _chunks_v1's: the candidate keys unpacked into ranked ids [n, M] int16 and their
-    q [n, M] (None unless ``with_q``), and the last item the gate gaps [n, n_gaps] (q[:, j] - q[:, j + 1])
-    when n_gaps, else None."""
+    """_sorted chunks with the candidate keys unpacked into ranked ids [n, M] int16 and their q [n, M] (None
+    unless ``with_q``), and the last item the gate gaps [n, n_gaps] (q[:, j] - q[:, j + 1]) when n_gaps, else
+    None."""
     from moesim.traces.synth_unpack import unpack
     for rows, keys, q_full, lse in keyed:
         ids, top_q, gaps = unpack(keys, M, n_gaps, with_q)
@@ -590,5 +522,5 @@ def _sigmoid_route(x: np.ndarray, k: int, n_group: int, topk_group: int, scale: 
     return sel.astype(np.int16), w.astype(np.float32)
 
 
-__all__ = ["synthesize", "check_args", "parse_domains", "plan_tokens", "base_scores", "top_candidates",
-           "command_line", "GENERATOR", "GENERATOR_VERSION"]
+__all__ = ["synthesize", "check_args", "parse_domains", "plan_tokens", "base_scores", "command_line", "GENERATOR",
+           "GENERATOR_VERSION"]
