@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import re
 import zlib
@@ -33,9 +32,6 @@ CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per k
 # generator 2 with layer coupling: at most this many (token, layer, expert) per call (the chunks, hence the
 # written batches, of the sparse layout's files depend on it)
 LINKED_DRAWS = 2 << 20
-# zstd level of the ranked layout: level 1 writes these bytes ~20% faster than 3 at the same size (within
-# +-1%, either way by preset; docs/trace-format.md)
-RANKED_ZSTD_LEVEL = 1
 BLOCK = 16  # generator 2: tokens a kernel thread walks its layers with at a time (any number: same trace)
 PARTS = 0  # generator 2: layer ranges made in parallel (0: one per numba thread; any number: same trace)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
@@ -169,8 +165,8 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
                knobs: RoutingKnobs | None = None, command: str | None = None, layout: str = "ranked",
                generator: int = GENERATOR_VERSION, lookahead: bool = False) -> Path:
     """Write a synthetic trace and return its path: the compact ``ranked`` layout (the default:
-    ranked candidates and the gate logits as gaps on the knobs' grid) or the ``sparse`` layout
-    (every candidate's logit and the log-sum-exp over all E; same routing, same replays).
+    the ranked candidates and their logits) or the ``sparse`` layout (every candidate's id and logit
+    as lists, and the log-sum-exp over all E; same routing, same logits, same replays).
 
     ``domains``: None -> the preset's default domains; [] -> no domain structure (no domain column).
     ``candidates``: M stored per row (default: the preset's, capped at E). The first ``prefill``
@@ -209,12 +205,11 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     base = base_scores(seed, L, E, names, kn)
     sigmoid = model.gating == "sigmoid"
     ranked = layout == "ranked"
-    gaps = ranked and not sigmoid and k > 1 and _power_of_two(kn.grid)
     path = Path(path)
     meta = TraceMeta(
         model_id=model.hf_id or model.name, family=model.family, n_experts=E, top_k=k,
         moe_layers=model.moe_layers, gating=model.gating, norm_topk_prob=model.norm_topk_prob, layout=layout,
-        n_candidates=M, logit_scale=kn.grid if gaps else None, routed_scaling_factor=model.routed_scaling_factor,
+        n_candidates=M, routed_scaling_factor=model.routed_scaling_factor,
         n_shared_experts=model.n_shared_experts,
         dense_layers=model.dense_layers, bytes_per_expert=model.bytes_per_expert_table(),
         n_group=model.n_group, topk_group=model.topk_group, synthetic=True,
@@ -237,7 +232,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
 
     def batches(chunks) -> Iterator[dict]:
         """The writer's columns of each chunk."""
-        for rows, ids, top_q, q_full, lse, gate_gaps in chunks:
+        for rows, ids, top_q, q_full, lse in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
             if sigmoid:
@@ -249,13 +244,11 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
                                                    kn.grid)
             if with_column:
                 extra["domain"] = np.repeat(dom[rows], L)
-            if gate_gaps is not None:
-                extra.update(ranked_ids=ids, gate_gaps=gate_gaps)
-            elif ranked:
-                extra.update(_ranked_columns(ids, top_q, kn.grid, k, model.gating, meta.logit_scale))
+            logits = (top_q * kn.grid).astype(np.float32)
+            if ranked:
+                extra.update(_ranked_columns(ids, logits, model.gating))
             else:
-                extra.update(top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32),
-                             lse=lse.astype(np.float32))
+                extra.update(top_ids=ids, top_logits=logits, lse=lse.astype(np.float32))
             yield dict(seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=layer_rows(c),
                        phase=np.repeat(phase_codes[rows], L), **extra)
 
@@ -265,12 +258,9 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     gen_threads, threads = _thread_split()
     keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
                     buffers=AHEAD + 2)
-    # the gate gaps come with the ids, and q only where a column needs it
-    made = batches(_unpacked(_ahead(_sorted(_numba_threads_in(keys, gen_threads)), AHEAD), M,
-                             k - 1 if gaps else 0, with_q=not gaps or lookahead))
-    level = RANKED_ZSTD_LEVEL if ranked else 9
+    made = batches(_unpacked(_ahead(_sorted(_numba_threads_in(keys, gen_threads)), AHEAD), M))
     with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
-                              weights=sigmoid, compression_level=level, lookahead=lookahead) as writer:
+                              weights=sigmoid, lookahead=lookahead) as writer:
         for batch in made:
             writer.write(**batch)
     return path
@@ -280,7 +270,7 @@ def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full
                weights: np.ndarray):
     """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
     jitted and parallel over layers: yield (token slice, ranked ids [n, M], their q [n, M], every q [n, E]
-    or None, lse [n] or None, None)."""
+    or None, lse [n] or None)."""
     return _unpacked(_sorted(_keys_v2(base, seq, pos, dom, kn, seed, M, full=full, lse=lse, weights=weights,
                                       buffers=1)), M)
 
@@ -336,14 +326,12 @@ def _sorted(keyed):
         yield item
 
 
-def _unpacked(keyed, M: int, n_gaps: int = 0, with_q: bool = True):
-    """_sorted chunks with the candidate keys unpacked into ranked ids [n, M] int16 and their q [n, M] (None
-    unless ``with_q``), and the last item the gate gaps [n, n_gaps] (q[:, j] - q[:, j + 1]) when n_gaps, else
-    None."""
+def _unpacked(keyed, M: int):
+    """_sorted chunks with the candidate keys unpacked into ranked ids [n, M] int16 and their q [n, M]."""
     from moesim.traces.synth_unpack import unpack
     for rows, keys, q_full, lse in keyed:
-        ids, top_q, gaps = unpack(keys, M, n_gaps, with_q)
-        yield rows, ids, top_q if with_q else None, q_full, lse, gaps if n_gaps else None
+        ids, top_q = unpack(keys, M)
+        yield rows, ids, top_q, q_full, lse
 
 
 def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, key, noise: float,
@@ -489,22 +477,14 @@ def _quantile_tables():
     return _TABLES["t"]
 
 
-def _power_of_two(x: float) -> bool:
-    return x > 0 and math.frexp(x)[0] == 0.5
-
-
-def _ranked_columns(ids: np.ndarray, top_q: np.ndarray, grid: float, k: int, gating_name: str,
-                    logit_scale: float | None) -> dict:
-    """The ranked layout's columns from the best M (ids, integer logits) per row, ranked by
-    (logit desc, id asc): for sigmoid gating re-ranked by the decoder's own selection score
-    (sigmoid saturates: distinct logits can tie), gate scores as gaps on the grid."""
+def _ranked_columns(ids: np.ndarray, logits: np.ndarray, gating_name: str) -> dict:
+    """The ranked layout's columns from the best M (ids, logits) per row, ranked by (logit desc, id asc): for
+    sigmoid gating re-ranked by the decoder's own selection score (sigmoid saturates: distinct logits can
+    tie)."""
     if gating_name == "sigmoid":
-        x = top_q * grid
-        ids = np.take_along_axis(ids, gating.rank_order(ids, gating.selection_scores(x, gating_name, None)), axis=1)
-        return {"ranked_ids": ids}  # DeepSeek-V3's synthetic traces store selected and weights
-    if logit_scale is None:
-        return {"ranked_ids": ids, "gate_logits": (top_q[:, :k] * grid).astype(np.float32)}
-    return {"ranked_ids": ids, "gate_gaps": top_q[:, :k - 1] - top_q[:, 1:k]}
+        order = gating.rank_order(ids, gating.selection_scores(logits, gating_name, None))
+        ids, logits = np.take_along_axis(ids, order, axis=1), np.take_along_axis(logits, order, axis=1)
+    return {"ranked_ids": ids, "ranked_logits": logits}
 
 
 def _sigmoid_route(x: np.ndarray, k: int, n_group: int, topk_group: int, scale: float):
