@@ -125,7 +125,7 @@ class DecodedStore:
             counts = np.zeros(L * E, np.int64)
             seqs, phases = [], []
             placeholder = scored  # until a row's scores differ (routing.placeholder_scores)
-            with _Writers(d, ("sel", "w", "cand", "logits")) as out:
+            with _Writers(d, ("sel", "w", "cand") + ("logits",) * scored) as out:
                 for seq, phase, sel, w, cand, lg in token_chunks(tf, chunk_tokens or 1024):
                     seqs.append(seq)
                     phases.append(phase)
@@ -155,7 +155,7 @@ class DecodedStore:
         """Write a decoded Routing into a new store (to replay it streamed)."""
         d, owned = _directory(directory)
         try:
-            with _Writers(d, ("sel", "w", "cand", "logits")) as out:
+            with _Writers(d, ("sel", "w", "cand") + ("logits",) * (routing.logits is not None)) as out:
                 out.write("sel", routing.sel)
                 out.write("w", routing.w)
                 out.write("cand", routing.cand)

@@ -312,10 +312,11 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
         q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
         lse_out = np.empty(c * L if lse else 0, dtype=np.float64)
         f32 = np.float32
-        kern.generate(key, start, L, base_r, order, dom[start:start + c].astype(np.int64), newseq[start:start + c],
-                      z, f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
-                      f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out,
-                      link16, bounds, BLOCK)
+        with np.errstate(over="ignore"):  # the counters wrap around by design (only seen with NUMBA_DISABLE_JIT=1)
+            kern.generate(key, start, L, base_r, order, dom[start:start + c].astype(np.int64),
+                          newseq[start:start + c], z, f32(rho), f32(innov), f32(kn.drift), f32(kn.noise),
+                          f32(1.0 / kn.temperature), f32(kn.offset), f32(1.0 / kn.grid), ntab, gtab, thr, M, width,
+                          keys, counts, q_full, float(kn.grid), lse_out, link16, bounds, BLOCK)
         yield slice(start, start + c), keys, q_full if full else None, lse_out if lse else None
 
 
@@ -342,8 +343,8 @@ def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, k
     from moesim.traces.synth_kernel import lookahead_rows
 
     out = np.empty((ids.shape[0], k), dtype=np.int16)
-    lookahead_rows(
-        ids, top_q, k, L, t0, np.uint64(key), np.float32(noise / grid), _quantile_tables()[1], out)
+    with np.errstate(over="ignore"):  # as in _keys_v2
+        lookahead_rows(ids, top_q, k, L, t0, np.uint64(key), np.float32(noise / grid), _quantile_tables()[1], out)
     return out
 
 
