@@ -166,7 +166,7 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
     kernels.ensure((v,))
     seconds = 0.0
     rerouting = config.reroute is not None
-    what = ("sel", "w", "cand") if config.substitutes or rerouting else ("sel", "w")
+    what: tuple[str, ...] = ("sel", "w", "cand") if config.substitutes or rerouting else ("sel", "w")
     what += ("logits",) if rerouting else ()
     for c in store.chunks(n, what=what, next_req=ev.uses_next_request):
         m = len(c.seq)
