@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-ID_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2")}
-LOGIT_TYPE = np.dtype("<f4")
+ID_TYPES: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2")}
+LOGIT_TYPE: np.dtype = np.dtype("<f4")
 
 
 def code_width(n_experts: int) -> int:
