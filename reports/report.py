@@ -42,6 +42,24 @@ def _presets() -> dict[str, dict]:
     return PRESETS
 
 
+_NEED = {"row_key", "trace_digest", "group_key", "eviction", "miss", "admit", "budget", "hit_rate",
+         "substitution_rate", "mass_per_step", "s_per_token", "preset", "policy"}
+
+
+def _results_columns(path: Path) -> None:
+    """Refuse a Parquet file that is not sweep results by its footer's columns, before reading it (a trace,
+    say, whose columns polars may not decode)."""
+    import pyarrow.parquet as pq
+
+    try:
+        names = set(pq.read_schema(path).names)
+    except Exception:
+        return  # not Parquet, or damaged: reading it says what is wrong
+    missing = sorted(_NEED - names)
+    if missing:
+        raise MoesimError(f"{path}: not a moesim sweep results file (missing columns: {', '.join(missing)})")
+
+
 def load_results(path, digest: str | None = None, baseline: str | None = None) -> SweepData:
     """Read a sweep's results (and its .layers.parquet) and keep the rows of one trace and one
     machine pricing, with the columns the charts and tables use:
@@ -60,15 +78,14 @@ def load_results(path, digest: str | None = None, baseline: str | None = None) -
         path = Path(path)
         if not path.is_file():
             raise MoesimError(f"{path}: no such results file (write one with moesim sweep TRACE -o {path.name})")
+        _results_columns(path)
         try:
             rows = pl.read_parquet(path)
         except Exception as exc:
             raise MoesimError(f"{path}: not a readable Parquet file ({exc})") from None
         lp = layers_path(path)
         layers = pl.read_parquet(lp) if lp.is_file() else None
-    need = {"row_key", "trace_digest", "group_key", "eviction", "miss", "admit", "budget", "hit_rate",
-            "substitution_rate", "mass_per_step", "s_per_token", "preset", "policy"}
-    missing = sorted(need - set(rows.columns))
+    missing = sorted(_NEED - set(rows.columns))
     if missing:
         raise MoesimError(f"{path}: not a moesim sweep results file (missing columns: {', '.join(missing)})")
     if rows.height == 0:

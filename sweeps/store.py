@@ -92,6 +92,16 @@ def _locked(path: Path):
         os.close(fd)  # releases the lock
 
 
+def _columns(path: Path) -> set[str] | None:
+    """The column names in a Parquet file's footer, None when it is not Parquet or is damaged."""
+    import pyarrow.parquet as pq
+
+    try:
+        return set(pq.read_schema(path).names)
+    except Exception:
+        return None
+
+
 def _read(path: Path):
     """(rows, layers) of a results file pair, only configs present in both; None if there is no file."""
     import polars as pl
@@ -99,6 +109,16 @@ def _read(path: Path):
     if not path.exists():
         return None
     lp = layers_path(path)
+    # the columns first, from the footers: a foreign Parquet file (a trace, say, whose columns polars may not
+    # decode) is told apart from damaged results
+    names, layer_names = _columns(path), _columns(lp) if lp.exists() else None
+    missing = [c for c in _KEY_COLUMNS if names is not None and c not in names]
+    if missing:
+        raise MoesimError(f"{path}: exists and is not a moesim sweep results file (no {', '.join(missing)} "
+                          "column); refusing to replace it: move it away or pick another -o")
+    if layer_names is not None and any(c not in layer_names for c in _LAYER_KEY_COLUMNS):
+        raise MoesimError(f"{lp}: exists and is not the per-layer file of moesim sweep results; refusing to "
+                          "replace it: move it away or pick another -o")
     try:
         rows = pl.read_parquet(path)
         layers = pl.read_parquet(lp) if lp.exists() else None
