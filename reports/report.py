@@ -42,6 +42,24 @@ def _presets() -> dict[str, dict]:
     return PRESETS
 
 
+_NEED = {"row_key", "trace_digest", "group_key", "eviction", "miss", "admit", "budget", "hit_rate",
+         "substitution_rate", "mass_per_step", "s_per_token", "preset", "policy"}
+
+
+def _results_columns(path: Path) -> None:
+    """Refuse a Parquet file that is not sweep results by its footer's columns, before reading it (a trace,
+    say, whose columns polars may not decode)."""
+    import pyarrow.parquet as pq
+
+    try:
+        names = set(pq.read_schema(path).names)
+    except Exception:  # noqa: BLE001 - not Parquet, or damaged: reading it says what is wrong
+        return
+    missing = sorted(_NEED - names)
+    if missing:
+        raise MoesimError(f"{path}: not a moesim sweep results file (missing columns: {', '.join(missing)})")
+
+
 def load_results(path, digest: str | None = None, baseline: str | None = None, routing=None) -> SweepData:
     """Read a sweep's results (and its .layers.parquet) and keep the rows of one trace and one
     machine pricing, with the columns the charts and tables use:
@@ -61,12 +79,12 @@ def load_results(path, digest: str | None = None, baseline: str | None = None, r
         rows, layers, path = path.rows, path.layers, Path("(in memory)")
     else:
         path = Path(path)
+        if path.is_file():
+            _results_columns(path)
         rows = _read_parquet(path, "results file", f"write one with moesim sweep TRACE -o {path.name}")
         lp = layers_path(path)
         layers = checked_rows(_read_parquet(lp, "per-layer results file"), lp, LAYER_SCHEMA) if lp.exists() else None
-    need = {"row_key", "trace_digest", "group_key", "eviction", "miss", "admit", "budget", "hit_rate",
-            "substitution_rate", "mass_per_step", "s_per_token", "preset", "policy"}
-    missing = sorted(need - set(rows.columns))
+    missing = sorted(_NEED - set(rows.columns))
     if missing:
         raise MoesimError(f"{path}: not a moesim sweep results file (missing columns: {', '.join(missing)})")
     if rows.height == 0:
