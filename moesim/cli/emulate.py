@@ -220,13 +220,15 @@ def _print_grid(df, em, fmt):
     s = em.setup
     echo(f"{s.model_id}: {s.scored_tokens:,} scored tokens in {s.windows} window(s) of <= {s.window}, "
                f"{s.dtype} on {s.device}; baseline ppl {df['ppl_baseline'][0]:.4f}")
-    click.echo(f"{'policy':<40} {'size':>10} {'ppl':>10} {'dppl %':>8} {'mass/step':>10} {'open m/step':>11} "
-               f"{'hit %':>6}  class")
+    click.echo(f"{'policy':<40} {'size':>10} {'ppl':>10} {'dppl %':>8} {'KL':>8} {'top-1 %':>7} {'mass/step':>10} "
+               f"{'open m/step':>11} {'hit %':>6}  class")
     for r in df.sort(["budget", "slots", "dppl_pct"], nulls_last=True).to_dicts():
         size = f"b {r['budget']:g}" if r["budget"] is not None else f"{r['slots']} slots"
         cls = "fetches 1st" if r["fetches_first"] else "substitutes 1st"
-        echo(f"{r['policy']:<40} {size:>10} {r['ppl']:10.4f} {r['dppl_pct']:+8.3f} {r['mass_per_step']:10.4f} "
-                   f"{r['open_mass_per_step']:11.4f} {100 * r['hit_rate']:6.1f}  {cls}")
+        kl = "-" if r.get("kl") is None else f"{r['kl']:.5f}"
+        top1 = "-" if r.get("top1_agreement") is None else f"{100 * r['top1_agreement']:.2f}"
+        echo(f"{r['policy']:<40} {size:>10} {r['ppl']:10.4f} {r['dppl_pct']:+8.3f} {kl:>8} {top1:>7} "
+             f"{r['mass_per_step']:10.4f} {r['open_mass_per_step']:11.4f} {100 * r['hit_rate']:6.1f}  {cls}")
 
 
 def render(doc: dict) -> list[str]:
@@ -236,6 +238,8 @@ def render(doc: dict) -> list[str]:
         f"{s['window']}, {s['dtype']} on {s['device']}",
         f"policy      {doc['config']['label']}  (drop: {s['drop']})",
         f"perplexity  {doc['ppl']:.4f} vs {doc['ppl_baseline']:.4f} unmodified: {doc['dppl_pct']:+.3f}%",
+        f"divergence  KL {doc['kl']:.5f} nats per token from the unmodified model's next-token distribution, "
+        f"top-1 agreement {100 * doc['top1_agreement']:.2f}%",
         f"closed loop hit rate {100 * t['hit_rate']:.2f}%, substituted {100 * t['substitution_rate']:.2f}% "
         f"({t['substitutions']:,}), dropped {t['drops']:,}, first choices {t['first_choice_substitutions']:,}, "
         f"mass per step {t['mass_per_step']:.4f}" + (f", low-bit {t['lowbit']:,}" if t.get("lowbit") else ""),
