@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -197,10 +198,22 @@ def _jit(fn, label: str, modules: Iterable[str], kw: dict, sig=None):
 
     args = () if sig is None else (sig,)
     d = component_dir(label, modules)
-    if d is None:
-        return njit(*args, **kw)(fn)
-    with _numba_cache_dir(d):
-        return njit(*args, cache=True, **kw)(fn)
+    with quiet_numba():
+        if d is None:
+            return njit(*args, **kw)(fn)
+        with _numba_cache_dir(d):
+            return njit(*args, cache=True, **kw)(fn)
+
+
+@contextlib.contextmanager
+def quiet_numba():
+    """numba's notices about its own features (the first-class function types the kernels' rare paths take are
+    "experimental") are not the user's business: a compile prints nothing but compile_notice's line."""
+    from numba.core.errors import NumbaExperimentalFeatureWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
+        yield
 
 
 def cached_njit(**kw):

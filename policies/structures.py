@@ -20,7 +20,7 @@ twenty: numba passes every array as ~7-9 machine words per call.
 
 A list keeps its most recent object at the head; the heap (4-ary) has the next
 victim at its root. Policies (policies/) use these helpers from their hooks, which
-are inlined into the replay kernel's NRT-free functions (simulator/kernel.py).
+are inlined into the replay kernels' NRT-free functions (simulator/kernels.py).
 """
 
 from __future__ import annotations

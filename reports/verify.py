@@ -21,7 +21,7 @@ from moesim.errors import MoesimError
 from moesim.jsonable import plain
 from moesim.reports.engine_logs import Realized, read_engine_log, windows
 from moesim.simulator import SimConfig, simulate
-from moesim.simulator.kernel import COUNTER_NAMES
+from moesim.simulator.counters import COUNTER_NAMES
 from moesim.traces.meta import PHASES
 from moesim.traces.routing import Routing, load_routing
 

@@ -149,7 +149,7 @@ def checked_rows(df, path, schema: dict[str, str] = ROW_SCHEMA, traces: dict | N
     at hand; their rows must agree with them (model, slots, counted tokens)."""
     import polars as pl
 
-    from moesim.simulator.kernel import COUNTER_NAMES
+    from moesim.simulator.counters import COUNTER_NAMES
     from moesim.table_checks import check_equal, check_values, typed
 
     df = _conform(typed(df, path, polars_schema(schema)), schema)

@@ -80,7 +80,7 @@ def test_slow_link_delays_admission():
 
 @pytest.mark.parametrize("eviction", ["lru", "fifo", "lfu"])
 def test_plain_replay_records_the_reference_decisions(eviction):
-    """The plain variant's request loops (LRU and FIFO have one of their own, simulator/kernel.py): every
+    """The plain kernels' request loops (simulator/kernel_plain.py, compiled per policy): every
     request's recorded outcome, the clock with a host-RAM tier and write-backs, and the untouched mass."""
     with seeded_rng("plain-record", eviction) as rng:
         sel, w, cand, seq = random_routing_arrays(rng, 60, 2, 12, 3, 8, 1)
