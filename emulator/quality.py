@@ -32,8 +32,10 @@ MIN_FIT = 3  # fewest nonzero-mass measurements a fit is made from
 
 
 def policy_label(config: SimConfig) -> str:
-    """eviction / miss [/ admit β]: the sweep's policy column."""
+    """eviction / miss [/ admit β] [/ reroute ...]: the sweep's policy column."""
     parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
+    if config.reroute is not None:
+        parts.append(config.reroute_label())
     return " / ".join(parts)
 
 
@@ -57,8 +59,9 @@ def quality_rows(setup, runs) -> list[dict]:
             "ppl": run.ppl, "ppl_baseline": run.ppl_baseline, "dppl_pct": run.dppl_pct,
             "kl": run.kl, "top1_agreement": run.top1_agreement,
             "fetches_first": always_fetches_first(c), "emulated": run.emulated, "seconds": run.seconds,
+            "reroute": c.reroute, "reroute_pool": c.reroute_pool, "reroute_resident": c.reroute_resident,
+            "reroute_weights": c.reroute_weights,
             **{k: v for k, v in t.items()}, "steps": steps,
-            "displaced_per_step": t["displaced_mass"] / steps if "displaced_mass" in t and steps else None,
             "open_mass_per_step": o["mass_per_step"], "open_hit_rate": o["hit_rate"],
             "open_substitution_rate": o["substitution_rate"], "open_substitutions": o["substitutions"],
             "open_drops": o["drops"], "routing_drift": run.drift,
@@ -69,7 +72,9 @@ def quality_rows(setup, runs) -> list[dict]:
 def quality_frame(setup, runs):
     import polars as pl
 
-    return pl.DataFrame(quality_rows(setup, runs), infer_schema_length=None)
+    text = {c: pl.Utf8 for c in ("reroute", "reroute_resident", "reroute_weights")}
+    return pl.DataFrame(quality_rows(setup, runs), infer_schema_length=None,
+                        schema_overrides={**text, "reroute_pool": pl.Int64})
 
 
 # columns the readers use besides the key ones (the mass fit, the sweep's join, the report's chart)
@@ -78,9 +83,9 @@ _READ_COLUMNS = ("model_id", "policy", "budget", "slots", "mass_per_step", "hit_
 _TYPES = {"row_key": "String", "setup_key": "String", "config_key": "String", "model_id": "String", "ppl": "Float64",
           "ppl_baseline": "Float64", "dppl_pct": "Float64", "fetches_first": "Boolean", "mass_per_step": "Float64",
           "budget": "Float64", "slots": "Int64", "hit_rate": "Float64", "open_mass_per_step": "Float64",
-          "kl": "Float64", "top1_agreement": "Float64", "displaced_per_step": "Float64"}
+          "kl": "Float64", "top1_agreement": "Float64", "displaced_mass_per_step": "Float64"}
 # columns later versions added: a file written before them reads with them null (not measured then)
-_ADDED = ("kl", "top1_agreement", "displaced_per_step")
+_ADDED = ("kl", "top1_agreement", "displaced_mass_per_step")
 
 
 def read_quality(path: str | os.PathLike, *, note: bool = True):
@@ -111,7 +116,7 @@ def read_quality(path: str | os.PathLike, *, note: bool = True):
     check_values(df, path, ("dppl_pct",), lo=-100, nulls=False)
     check_values(df, path, ("mass_per_step", "open_mass_per_step"), lo=0, nulls=False)
     check_values(df, path, ("hit_rate", "top1_agreement"), lo=0, hi=1)
-    check_values(df, path, ("kl", "displaced_per_step"), lo=0)
+    check_values(df, path, ("kl", "displaced_mass_per_step"), lo=0)
     check_equal(df, path, "dppl_pct", 100 * (pl.col("ppl") / pl.col("ppl_baseline") - 1), "its ppl and ppl_baseline")
     return df
 
@@ -178,13 +183,13 @@ def class_stats(df, x: str = "mass_per_step", y: str = "dppl_pct") -> dict[bool,
 def moved_mass(df):
     """``df`` + ``moved_per_step``: the gate mass per step a policy moved off the router's choice, i.e.
     substituted (and dropped) + displaced by rerouting; and the name of what it sums ("substituted" when
-    no row has a displaced mass: results of configs without rerouting, or written before it existed)."""
+    no row displaced any: no config reroutes, or the results were written before rerouting existed)."""
     import polars as pl
 
-    rerouted = "displaced_per_step" in df.columns and df["displaced_per_step"].drop_nulls().len() > 0
-    if not rerouted:
+    col = "displaced_mass_per_step"
+    if col not in df.columns or not (df[col].fill_null(0.0) > 0).any():
         return df.with_columns(pl.col("mass_per_step").alias("moved_per_step")), "substituted"
-    return df.with_columns((pl.col("mass_per_step") + pl.col("displaced_per_step").fill_null(0.0))
+    return df.with_columns((pl.col("mass_per_step") + pl.col(col).fill_null(0.0))
                            .alias("moved_per_step")), "displaced + substituted"
 
 

@@ -18,6 +18,7 @@ from moesim.emulator.hooks import DROP_MODES, RouterTaps, apply_decisions
 from moesim.emulator.layer_routing import Tokens, layer_rows, routing_of, trace_meta
 from moesim.emulator.lowbit import LowbitExperts
 from moesim.emulator.perplexity import dppl_pct, perplexity, token_divergence, token_nll
+from moesim.emulator.rerouted import changed_rows, model_scale, set_weights
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
 from moesim.policies.miss import OUTCOME_LOWBIT
@@ -82,6 +83,7 @@ class PolicyRun:
     top1_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # argmax P == argmax P_base
     outcome: np.ndarray | None = None      # [T, L, k] rank order (policy.OUTCOME_*); None for the shortcut
     substitute: np.ndarray | None = None   # [T, L, k] the expert run instead of a substituted one, else -1
+    selected: np.ndarray | None = None     # [T, L, k] the row each step ran (rank order), with --reroute only
     logits: object = None
 
     @property
@@ -237,6 +239,18 @@ class Emulator:
             sub_cols = np.empty_like(d.substitute)
             np.put_along_axis(out_cols, rows.perm, d.outcome, axis=1)
             np.put_along_axis(sub_cols, rows.perm, d.substitute, axis=1)
+            if d.selected is not None:   # rerouted steps run the replay's row, rank r in column r
+                ch = changed_rows(d.selected, rows.sel)
+                if ch.size:
+                    new = d.selected[ch].astype(np.int64)
+                    nw = set_weights(rows.cand[ch], rows.logits[ch], new, self.meta.gating) * model_scale(
+                        w[ch], lg[ch], new, self.meta.gating, self.meta.norm_topk_prob)
+                    out_cols[ch], sub_cols[ch] = d.outcome[ch], d.substitute[ch]
+                    at = r[torch.as_tensor(ch, device=r.device)].to(ids.device)
+                    weights = weights.reshape(-1, k).clone()
+                    ids = ids.reshape(-1, k).clone()
+                    weights[at] = torch.as_tensor(nw, device=ids.device).to(weights.dtype)
+                    ids[at] = torch.as_tensor(new, device=ids.device).to(ids.dtype)
             if quant is not None:  # the layer's experts run these requests on their Q-quantized copies
                 low = out_cols == OUTCOME_LOWBIT
                 mask = torch.zeros(ids.reshape(-1, k).shape, dtype=torch.bool, device=ids.device)
@@ -304,9 +318,11 @@ class Emulator:
         t0 = time.perf_counter()
         open_loop = policy.replay(base_routing, config)
         ot = open_loop.totals()
-        if shortcut and trace_out is None and ot["substitutions"] == 0 and ot["drops"] == 0 and ot["lowbit"] == 0:
+        if shortcut and trace_out is None and ot["substitutions"] == 0 and ot["drops"] == 0 and ot["lowbit"] == 0 \
+                and ot["rerouted"] == 0:
             return PolicyRun(config, perplexity(base_nll), perplexity(base_nll), base_nll, open_loop, open_loop,
-                             base_routing, 0.0, "exact: no substitution, drop or low-bit run in the open loop",
+                             base_routing, 0.0, "exact: no substitution, drop, low-bit run or reroute in the open "
+                             "loop",
                              time.perf_counter() - t0, kl_tokens=np.zeros(len(base_nll)),
                              top1_tokens=np.ones(len(base_nll), dtype=bool),
                              logits=base_logits if keep_logits else None)
@@ -319,7 +335,8 @@ class Emulator:
         return PolicyRun(config, perplexity(nll), perplexity(base_nll), nll, closed, open_loop, routing, drift,
                          "forward", time.perf_counter() - t0, kl_tokens=div[0], top1_tokens=div[1],
                          outcome=np.stack([d.outcome for d in decided], axis=1),
-                         substitute=np.stack([d.substitute for d in decided], axis=1), logits=logits)
+                         substitute=np.stack([d.substitute for d in decided], axis=1), logits=logits,
+                         selected=None if config.reroute is None else np.stack([d.selected for d in decided], axis=1))
 
 def load_emulator(model_dir: str | os.PathLike, texts, *, domains=None, dtype: str = "float32",
                   device: str | None = None, window: int | None = None, max_tokens: int | None = None,

@@ -149,7 +149,7 @@ def test_max_kl_keeps_only_measured_configs_within(setup):
 def test_quality_files_written_before_kl_still_read(setup, tmp_path):
     _, _, q, trace, _ = setup
     old = tmp_path / "old.parquet"
-    pl.read_parquet(q).drop("kl", "top1_agreement", "displaced_per_step", "steps").write_parquet(old)
+    pl.read_parquet(q).drop("kl", "top1_agreement", "displaced_mass_per_step", "steps").write_parquet(old)
     from moesim.emulator.quality import read_quality
 
     df = read_quality(old)
@@ -177,9 +177,9 @@ def test_report_draws_kl_against_moved_mass(setup, tmp_path):
 def test_moved_mass_adds_the_displaced_mass_when_the_results_have_it():
     from moesim.emulator.quality import moved_mass
 
-    df = pl.DataFrame({"mass_per_step": [0.1, 0.2, 0.0], "displaced_per_step": [None, 0.05, 0.3]},
-                      schema_overrides={"displaced_per_step": pl.Float64})
+    df = pl.DataFrame({"mass_per_step": [0.1, 0.2, 0.0], "displaced_mass_per_step": [None, 0.05, 0.3]},
+                      schema_overrides={"displaced_mass_per_step": pl.Float64})
     out, what = moved_mass(df)
     assert what == "displaced + substituted" and out["moved_per_step"].to_list() == pytest.approx([0.1, 0.25, 0.3])
-    out, what = moved_mass(df.with_columns(pl.lit(None, dtype=pl.Float64).alias("displaced_per_step")))
+    out, what = moved_mass(df.with_columns(pl.lit(0.0, dtype=pl.Float64).alias("displaced_mass_per_step")))
     assert what == "substituted" and out["moved_per_step"].to_list() == [0.1, 0.2, 0.0]

@@ -24,6 +24,17 @@ FLUSH_SECONDS = 30.0
               help="Cache size as a fraction of each layer's experts (floor(F·E) slots per layer); with --grid, "
                    "repeat for several.")
 @click.option("--slots", "-s", multiple=True, metavar="N", help="Cache slots per layer; with --grid, repeat.")
+@click.option("--reroute", default=None, metavar="bias:λ|keep:J",
+              help="Reroute each step toward resident experts before the cache is asked, inside every MoE layer "
+                   "(docs/replay-semantics.md, 'Rerouting'): bias:λ adds λ x the step's logit range to each resident "
+                   "candidate's score; keep:J keeps the router's first J and fills the rest from resident candidates.")
+@click.option("--reroute-pool", type=int, default=None, metavar="M",
+              help="With --reroute: candidates considered (default: every candidate the routing keeps, --candidates).")
+@click.option("--reroute-resident", default="cache", show_default=True, metavar="cache|recent:W",
+              help="With --reroute: what counts as resident: in the layer's cache, or requested in the last W tokens.")
+@click.option("--reroute-weights", type=click.Choice(["original", "biased"]), default="original", show_default=True,
+              help="With --reroute: the rerouted experts' gate weights (the emulator runs original: the router's "
+                   "unbiased scores renormalized over the new set).")
 @click.option("--warm", is_flag=True, help="Start with the most requested experts resident (default: cold).")
 @click.option("--warmup-tokens", type=int, default=0, show_default=True,
               help="Replay but do not count the first W tokens in the counters (perplexity counts every token).")
@@ -49,8 +60,9 @@ FLUSH_SECONDS = 30.0
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="One policy: write the routing the emulator saw (closed loop) as a trace. With --grid: the "
                    "quality results Parquet (rows already in it are kept and not recomputed).")
-def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, warm, warmup_tokens, reset_per_sequence,
-            grid, device, dtype, max_tokens, window, candidates, dense, drop, model_id, fmt, out):
+def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, reroute, reroute_pool, reroute_resident,
+            reroute_weights, warm, warmup_tokens, reset_per_sequence, grid, device, dtype, max_tokens, window,
+            candidates, dense, drop, model_id, fmt, out):
     """Run MODEL_DIR (a local transformers checkpoint) teacher-forced over the --text files with the
     cache policy applied inside every MoE layer, and measure the perplexity it costs: ppl against the
     unmodified model on the same tokens (dppl %), the replay's counters for the routing the model
@@ -72,9 +84,14 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
         if len(budgets) + len(slot_list) != 1:
             raise MoesimError("give one cache size: --budget F or --slots N (several only with --grid)")
         configs = [SimConfig(eviction=eviction, miss=miss, admit=admit, warm=warm, warmup_tokens=warmup_tokens,
-                             reset_per_sequence=reset_per_sequence,
+                             reset_per_sequence=reset_per_sequence, reroute=reroute, reroute_pool=reroute_pool,
+                             reroute_resident=reroute_resident, reroute_weights=reroute_weights,
                              **({"budget": budgets[0]} if budgets else {"slots": slot_list[0]}))]
     else:
+        if reroute is not None or reroute_pool is not None or reroute_resident != "cache" \
+                or reroute_weights != "original":
+            raise MoesimError("--reroute and its options qualify one policy: emulate it without --grid (a grid's "
+                              "rerouting comes from its configs)")
         if out and not out.endswith(".parquet"):
             raise MoesimError(f"{out}: quality results are written as .parquet")
         configs = configs_from_grid(grid, budgets, slot_list, warm=warm, warmup_tokens=warmup_tokens,
@@ -246,4 +263,6 @@ def render(doc: dict) -> list[str]:
         f"open loop   hit rate {100 * o['hit_rate']:.2f}%, substituted {100 * o['substitution_rate']:.2f}%, mass per "
         f"step {o['mass_per_step']:.4f}; {100 * o['routing_drift']:.2f}% of steps routed differently",
         f"emulated    {doc['emulated']} ({doc['seconds']:.2f} s)",
-    ]
+    ] + ([f"rerouted    {t['rerouted']:,} requests, first choice changed at {t['first_choice_changed']:,} steps, "
+          f"displaced mass per step {t['displaced_mass_per_step']:.4f} (open loop "
+          f"{o['totals']['displaced_mass_per_step']:.4f})"] if doc["config"].get("reroute") else [])
