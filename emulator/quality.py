@@ -181,16 +181,16 @@ def class_stats(df, x: str = "mass_per_step", y: str = "dppl_pct") -> dict[bool,
 
 
 def moved_mass(df):
-    """``df`` + ``moved_per_step``: the gate mass per step a policy moved off the router's choice, i.e.
-    substituted (and dropped) + displaced by rerouting; and the name of what it sums ("substituted" when
-    no row displaced any: no config reroutes, or the results were written before rerouting existed)."""
+    """``df`` + ``moved_per_step``: the gate mass per step a policy moved off the router's choice, i.e. its
+    mass per step (substituted and dropped, plus what rerouting displaced: the replay counts both in
+    ``mass``), and the name of what it sums: "substituted" when no row displaced any (no config reroutes,
+    or the results were written before rerouting existed), else "displaced + substituted"."""
     import polars as pl
 
     col = "displaced_mass_per_step"
-    if col not in df.columns or not (df[col].fill_null(0.0) > 0).any():
-        return df.with_columns(pl.col("mass_per_step").alias("moved_per_step")), "substituted"
-    return df.with_columns((pl.col("mass_per_step") + pl.col(col).fill_null(0.0))
-                           .alias("moved_per_step")), "displaced + substituted"
+    rerouted = col in df.columns and bool((df[col].fill_null(0.0) > 0).any())
+    return (df.with_columns(pl.col("mass_per_step").alias("moved_per_step")),
+            "displaced + substituted" if rerouted else "substituted")
 
 
 def size_label(budget, slots) -> str:

@@ -26,8 +26,12 @@ from moesim.simulator import SimConfig, SimResult
 
 
 def always_fetches_first(config: SimConfig) -> bool:
-    """The miss policy always runs the router's first choice (fetch or compute it): the class in which
-    substituted gate mass predicts the perplexity increase (docs/emulator.md)."""
+    """The policy always runs the router's first choice (its miss policy fetches or computes it, and no
+    reroute may replace it: bias:λ can, keep:J with J >= 1 keeps it): the class in which the gate mass
+    a policy loses predicts the perplexity increase (docs/emulator.md; the sweep's rule too)."""
+    if config.reroute is not None and not (config.reroute.startswith("keep:")
+                                           and float(config.reroute.partition(":")[2]) >= 1):
+        return False
     return miss_mod.get(config.miss_name).keeps_first
 
 

@@ -382,11 +382,11 @@ def variant_of(config: SimConfig, cost: Any, record: bool = False, generic: bool
 
 def family_of(config: SimConfig, cost: Any, record: bool = False, generic: bool = False) -> str:
     """The kernel family (simulator/kernels.py FAMILIES) a replay needs: engine for --step-pin, --max-uploads
-    and the low-bit paths; ext for any other miss policy than fetch-all, prefetch or an overlapped clock; else
-    lean (no clock, no host-RAM tier, no decision record) or plain."""
+    and the low-bit paths; ext for any other miss policy than fetch-all, prefetch, rerouting or an overlapped
+    clock; else lean (no clock, no host-RAM tier, no decision record) or plain."""
     if config.step_pin or upload_cap(config, cost) or config.lowbit_share or miss_mod.miss_quant(config.miss):
         return "engine"
-    if generic or config.miss_name != "fetch-all" or config.prefetch != "none" \
+    if generic or config.miss_name != "fetch-all" or config.prefetch != "none" or config.reroute is not None \
             or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or getattr(cost, "cpu_overlap", False):
         return "ext"
     return "lean" if cost is None and not record else "plain"

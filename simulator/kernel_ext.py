@@ -194,7 +194,8 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
             cpu_end = now  # cpu_ov: the host's timeline from the router decision
             if rerouting:  # the step seam: a step policy rewrites the row from the step's candidate scores
                 n_rr, displaced, changed = reroute.select(policy, steps, state, fo, t, l, base, tg)
-                if n_rr:
+                if n_rr:  # the router's experts rerouted away lose their gate mass, as substituted ones do
+                    smass += displaced
                     tok_counts[REROUTED, t] += n_rr
                     tok_counts[FIRST_CHOICE_CHANGED, t] += changed
                     out.tok_displaced[t] += displaced

@@ -24,7 +24,7 @@ def attach_quality(rows, quality, source="the quality results"):
     import polars as pl
 
     from moesim.emulator.quality import mass_fit
-    from moesim.policies.miss import MISS_POLICIES
+    from moesim.sweeps.ranking import keeps_first_choice
 
     theirs = set(quality["model_id"].to_list())
     ours = {m for m in rows["model_id"].to_list() if m is not None} if rows.height else set()
@@ -52,7 +52,7 @@ def attach_quality(rows, quality, source="the quality results"):
         fit = fits[fk]
         if v is not None:
             vals.append(v), srcs.append("measured"), shown.append(f"{v:+.2f}")
-        elif fit is not None and MISS_POLICIES[r["miss"].split(":")[0]].keeps_first and r["mass_per_step"] is not None \
+        elif fit is not None and keeps_first_choice(r["miss"], r.get("reroute")) and r["mass_per_step"] is not None \
                 and math.isfinite(r["mass_per_step"]):
             e = fit.estimate(r["mass_per_step"])
             vals.append(e), srcs.append(fit.label()), shown.append(f"~{e:+.2f}")

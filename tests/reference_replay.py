@@ -309,6 +309,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                         d["rerouted"] += len(moved_in)
                         d["first_choice_changed"] += int(new_ids[0] != srow[0])
                         d["displaced"] = d.get("displaced", 0.0) + away  # (a warm-up layer's dict is a scratch one)
+                        d["mass"] += away  # the gate mass of the experts rerouted away is lost, as a substitute's
                     srow, wrow, wmrow = new_ids, new_w, list(new_w)
             cur["rowpos"] = {(l, e): r for r, e in enumerate(srow) if e >= 0}
             row_of[(t, l)] = list(srow)

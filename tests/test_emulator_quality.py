@@ -174,12 +174,13 @@ def test_report_draws_kl_against_moved_mass(setup, tmp_path):
     assert "KL vs substituted mass" in note   # no config here reroutes: the substituted mass alone
 
 
-def test_moved_mass_adds_the_displaced_mass_when_the_results_have_it():
+def test_moved_mass_names_the_displaced_mass_when_the_results_have_it():
     from moesim.emulator.quality import moved_mass
 
-    df = pl.DataFrame({"mass_per_step": [0.1, 0.2, 0.0], "displaced_mass_per_step": [None, 0.05, 0.3]},
+    # the replay's mass per step already holds the displaced mass (docs/replay-semantics.md)
+    df = pl.DataFrame({"mass_per_step": [0.1, 0.25, 0.3], "displaced_mass_per_step": [None, 0.05, 0.3]},
                       schema_overrides={"displaced_mass_per_step": pl.Float64})
     out, what = moved_mass(df)
-    assert what == "displaced + substituted" and out["moved_per_step"].to_list() == pytest.approx([0.1, 0.25, 0.3])
+    assert what == "displaced + substituted" and out["moved_per_step"].to_list() == [0.1, 0.25, 0.3]
     out, what = moved_mass(df.with_columns(pl.lit(0.0, dtype=pl.Float64).alias("displaced_mass_per_step")))
-    assert what == "substituted" and out["moved_per_step"].to_list() == [0.1, 0.2, 0.0]
+    assert what == "substituted" and out["moved_per_step"].to_list() == [0.1, 0.25, 0.3]
