@@ -99,3 +99,18 @@ def test_bad_weights_are_refused():
         Recipe(locality=-1.0)
     with pytest.raises(MoesimError, match="domain weight"):
         Recipe(domain=float("nan"))
+
+
+def test_the_command_refuses_the_repository_and_bad_settings(tmp_path, capsys):
+    from pathlib import Path
+
+    from moesim.emulator.demo_model import main
+
+    repo = Path(__file__).resolve().parents[1]
+    assert main(["--out", str(repo / "demo")]) == 2
+    assert "outside the repository" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path / "m"), "--locality", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "demo_model: error: the locality weight" in err
+    assert main(["--out", str(tmp_path / "v"), "--from", str(tmp_path / "none")]) == 2
+    assert "no branch state" in capsys.readouterr().err
