@@ -299,20 +299,31 @@ def _load_quality(path):
 
 
 def _quality_figures(quality, notes: list[str]) -> list:
-    """dppl against substituted mass per policy class, one chart per model in the quality results."""
+    """dppl against substituted mass and KL against moved mass per policy class, one pair of charts per model
+    in the quality results (the KL chart where KL was measured)."""
     import polars as pl
 
-    from moesim.emulator.quality import class_stats, size_label
-    from moesim.reports.charts_quality import mass_dppl_chart
+    from moesim.emulator.quality import class_stats, moved_mass, size_label
+    from moesim.reports.charts_quality import mass_dppl_chart, mass_kl_chart
 
     figs: list = []
-    for model in quality["model_id"].unique(maintain_order=True).to_list():
+    for i, model in enumerate(quality["model_id"].unique(maintain_order=True).to_list()):
         part = quality.filter(pl.col("model_id") == model)
         stats = class_stats(part)
         fig = mass_dppl_chart(part, stats, model=model)
-        if len(figs):
-            fig.name = f"{fig.name}_{len(figs)}"
+        if i:
+            fig.name = f"{fig.name}_{i}"
         figs.append(fig)
+        if part["kl"].drop_nulls().len():   # quality files written before KL was measured have none
+            moved, what = moved_mass(part)
+            kst = class_stats(moved, "moved_per_step", "kl")
+            fig = mass_kl_chart(moved, kst, model=model, moved=what)
+            if i:
+                fig.name = f"{fig.name}_{i}"
+            figs.append(fig)
+            notes.append(f"{model}: KL vs {what} mass, Pearson r {kst[True]['r']:.3f} (n={kst[True]['n']}) among "
+                         f"policies that always fetch the first choice, {kst[False]['r']:.3f} (n={kst[False]['n']}) "
+                         "among those that may substitute it")
         notes.append(f"{model}: dppl vs mass, Pearson r {stats[True]['r']:.3f} (n={stats[True]['n']}) among policies "
                      f"that always fetch the first choice, {stats[False]['r']:.3f} (n={stats[False]['n']}) among "
                      "those that may substitute it")
