@@ -22,3 +22,4 @@ def key(prm, next_req, tick):
 
 
 hit, insert = keyheap.hooks(key)
+rekey = keyheap.rekey_hook(key)

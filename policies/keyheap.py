@@ -110,6 +110,19 @@ def set_key(ob, po, heap, pool, o, key, tick):
     _place(h, ob, base, j, key, tick, o)
 
 
+def rekey_hook(key):
+    """The rekey hook of the keyed heap policy with this key function: a resident expert's key recomputed from its
+    next request (rerouting moved it: the router's request of it at this step passed), its last-use tick kept."""
+
+    @njit(inline="always")
+    def rekey(ob, fo, po, heap, prm, pool, o):
+        h = heap.view(np.int64)
+        tick = h[po[pool, HBASE] + ob[o, HPOS], TICK]
+        _set_key_called(ob, po, heap, pool, o, key(prm, np.int64(fo[o, NREQ]), tick), tick)
+
+    return rekey
+
+
 def hooks(key):
     """(hit, insert) hooks for the keyed heap policy with this key function."""
 

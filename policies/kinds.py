@@ -47,7 +47,9 @@ def generic_hooks(priorities: list, keys: list) -> Hooks:
     """The hooks of every structure kind: ``priorities`` are the heap policies' priority functions (variant i:
     the i-th), ``keys`` the keyed heap policies' key functions."""
     hh, hi, hr = heap.hooks(_chain("priority", priorities, "count, score, next_req"))
-    kh, ki = keyheap.hooks(_chain("key", keys, "next_req, tick"))
+    key = _chain("key", keys, "next_req, tick")
+    kh, ki = keyheap.hooks(key)
+    kr = keyheap.rekey_hook(key)
 
     @njit(inline="always")
     def hit(ob, fo, po, hp, prm, pool, o, tick, requested):
@@ -75,5 +77,7 @@ def generic_hooks(priorities: list, keys: list) -> Hooks:
     def rekey(ob, fo, po, hp, prm, pool, o):
         if prm[PRM_KIND] == KIND_HEAP:
             hr(ob, fo, po, hp, prm, pool, o)
+        elif prm[PRM_KIND] == KIND_KEYHEAP:
+            kr(ob, fo, po, hp, prm, pool, o)
 
     return Hooks(hit, insert, rekey)

@@ -57,6 +57,15 @@ class Steps(NamedTuple):
                            # else empty
     logits: np.ndarray     # [T, L, M] float32: the candidates' logits (Routing.logits) for a step policy, else empty
     score: np.ndarray      # [T, L, M] float32: their selection scores (the gating's; for a step policy, else empty)
+                           # (a batched step policy: logits and scores of the tokens, indexed as tok_sel)
+    members: np.ndarray    # [T, B] int64: a batched step policy's member tokens of each step (-1: ended), else empty
+    tok_sel: np.ndarray    # [tokens, L, k] int16: ... the members' own selections, else empty
+    tok_w: np.ndarray      # [tokens, L, k] float32: ... their gate weights, else empty
+    tok_cand: np.ndarray   # [tokens, L, M] int16: ... their candidates, else empty
+
+
+NO_MEMBERS = dict(members=np.zeros((0, 0), np.int64), tok_sel=np.zeros((0, 0, 0), np.int16),
+                  tok_w=np.zeros((0, 0, 0), np.float32), tok_cand=np.zeros((0, 0, 0), np.int16))
 
 
 class Policy(NamedTuple):
@@ -122,6 +131,12 @@ class State(NamedTuple):
     rr_b: np.ndarray        # float64 [M]: rerouting's scratch (residency of the pool's candidates)
     rr_pos: np.ndarray      # int64 [k]: ... the chosen candidates
     rr_w: np.ndarray        # float64 [k]: ... their weights
+    rr_ord: np.ndarray      # int64 [k]: ... the rerouted row's candidates in rank order
+    rr_ow: np.ndarray       # float64 [k]: ... and their weights
+    rr_acc: np.ndarray      # float64 [3, E]: a batched step policy's union (best rank or -1, largest and summed
+                            # weight), else [3, 0]
+    rr_ids: np.ndarray      # int64 [K]: ... its experts
+    rr_keys: np.ndarray     # int64 [K]: ... their rank keys
 
 
 class Out(NamedTuple):
@@ -212,14 +227,25 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     if config.prefetch == "lookahead":
         look = lookahead_steps(run, config)
     cand = np.ascontiguousarray(run.cand, dtype=np.int16)
-    logits, score = step_scores(run, config, sel, cand)
+    batched = members is not None and config.reroute is not None  # each member rerouted on its own
+    tok = routing if batched else run
+    tok_cand = np.ascontiguousarray(tok.cand, dtype=np.int16)
+    logits, score = step_scores(tok, config, np.ascontiguousarray(tok.sel), tok_cand)
+    by_member = NO_MEMBERS
+    if batched:
+        by_member = dict(members=np.ascontiguousarray(members, dtype=np.int64),
+                         tok_sel=np.ascontiguousarray(routing.sel, dtype=np.int16),
+                         tok_w=np.ascontiguousarray(routing.w, dtype=np.float32), tok_cand=tok_cand)
     steps = Steps(sel=sel, w=w, wm=wm, cand=cand, next_req=next_req, first_req=first_req,
-                  tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0, look=look, logits=logits, score=score)
+                  tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0, look=look, logits=logits, score=score,
+                  **by_member)
     policy, setup, state, slots, ram_cap = policy_state(routing, config, cost, warmup)
     if state.pf_prev.shape[0]:  # a batch's union may be wider than k
         state = state._replace(pf_prev=np.full((L, k), -1, np.int16))
     if k != routing.top_k:
         state = state._replace(**row_state(k, run.n_candidates))
+    if batched:
+        state = state._replace(**union_state(routing.n_experts, k))
     shape = (T, L, k) if record else (0, 0, 0)
     out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
               tok_counts=np.zeros((N_COUNTERS, T), np.int64), tok_mass=np.zeros(T, np.float64),
@@ -305,7 +331,14 @@ def row_state(k: int, n_candidates: int) -> dict:
     """The ext kernel's step row and rerouting's scratch for rows of k requests and n_candidates candidates."""
     return dict(row=np.zeros(k, np.int16), row_w=np.zeros(k, np.float32), row_wm=np.zeros(k, np.float32),
                 row_next=np.zeros(k, np.int64), rr_b=np.zeros(n_candidates, np.float64),
-                rr_pos=np.zeros(k, np.int64), rr_w=np.zeros(k, np.float64))
+                rr_pos=np.zeros(k, np.int64), rr_w=np.zeros(k, np.float64), rr_ord=np.zeros(k, np.int64),
+                rr_ow=np.zeros(k, np.float64), **union_state(0, 0))
+
+
+def union_state(E: int, K: int) -> dict:
+    """A batched step policy's scratch for unions of up to K of E experts."""
+    return dict(rr_acc=np.full((3, E), -1.0, np.float64), rr_ids=np.zeros(K, np.int64),
+                rr_keys=np.zeros(K, np.int64))
 
 
 def step_policy(config: SimConfig, source: Any) -> dict:

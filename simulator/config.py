@@ -179,9 +179,6 @@ class SimConfig:
                 raise MoesimError(f"--reroute-pool must be a whole number of candidates >= k, got "
                                   f"{self.reroute_pool!r}")
             object.__setattr__(self, "reroute_pool", int(self.reroute_pool))
-        if self.batch > 1:
-            raise MoesimError("--reroute with --batch > 1 is not modelled (a batched step is the union of several "
-                              "tokens' selections, each rerouted on its own)")
         if self.speculative:
             raise MoesimError("--reroute with --speculative is not modelled (a speculative step is the union of "
                               "several tokens' selections)")

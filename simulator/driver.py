@@ -10,7 +10,7 @@ import numpy as np
 from moesim.errors import MoesimError
 from moesim.policies import registry
 from moesim.simulator import kernels
-from moesim.simulator.args import Out, Steps, build, policy_state, step_scores, variant_of
+from moesim.simulator.args import NO_MEMBERS, Out, Steps, build, policy_state, step_scores, variant_of
 from moesim.simulator.config import SimConfig
 from moesim.simulator.counters import N_COUNTERS
 from moesim.simulator.result import Decisions, SimResult, TimedSums
@@ -173,7 +173,7 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
         m = len(c.seq)
         logits, score = step_scores(c, config, c.sel, c.cand, store.meta) if rerouting else (no_scores, no_scores)
         steps = Steps(sel=c.sel, w=c.w, wm=c.w, cand=c.cand, next_req=c.next_req, first_req=first, tok_seq=c.seq,
-                      t0=c.t0, look=no_look, logits=logits, score=score)
+                      t0=c.t0, look=no_look, logits=logits, score=score, **NO_MEMBERS)
         # the kernel adds into tok_counts: fresh zeros a chunk (counter-major; untouched pages cost nothing)
         bufs.tok_displaced[:m] = 0.0
         out = bufs._replace(tok_counts=np.zeros((N_COUNTERS, m), np.int64), tok_mass=bufs.tok_mass[:m],

@@ -193,7 +193,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 lk0 = now
             cpu_end = now  # cpu_ov: the host's timeline from the router decision
             if rerouting:  # the step seam: a step policy rewrites the row from the step's candidate scores
-                n_rr, displaced, changed = reroute.select(policy, steps, state, fo, t, l, base, tg)
+                n_rr, displaced, changed = reroute.select(policy, steps, state, fo, t, l, base, tg, rekey, pool)
                 if n_rr:  # the router's experts rerouted away lose their gate mass, as substituted ones do
                     smass += displaced
                     tok_counts[REROUTED, t] += n_rr

@@ -61,7 +61,7 @@ def rotated_routing(routing: Routing, order: np.ndarray) -> Routing:
 
     return Routing(meta=routing.meta, seq=take(routing.seq), pos=take(routing.pos), phase=take(routing.phase),
                    domain=take(routing.domain), domain_names=routing.domain_names, token=take(routing.token),
-                   sel=take(routing.sel), w=take(routing.w), cand=take(routing.cand),
+                   sel=take(routing.sel), w=take(routing.w), cand=take(routing.cand), logits=take(routing.logits),
                    lookahead=take(routing.lookahead), digest=f"{routing.digest}:rotated{int(order[0])}",
                    path=routing.path)
 

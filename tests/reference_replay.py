@@ -32,7 +32,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                      params=None, decisions=None, overlap="none", prefetch="none", prefetch_depth=1,
                      prefetch_train=None, lookahead=None, step_pin=False, max_uploads=None, lowbit_tier=0,
                      cpu_overlap=False, reroute=None, reroute_pool=None, reroute_resident="cache",
-                     reroute_weights="original", logits=None, gating="softmax", selection_bias=None, rows=None):
+                     reroute_weights="original", logits=None, gating="softmax", selection_bias=None, rows=None,
+                     members=None, tokens=None):
     """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
@@ -68,7 +69,9 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     ``selection_bias`` [L][E] give their selection scores), over the first ``reroute_pool`` candidates, residency
     ``reroute_resident`` ("cache" or "recent:W"), weights ``reroute_weights`` ("original" or "biased"); counters
     rerouted and first_choice_changed, and "displaced" (mass) per layer and per token; ``rows``: a dict filled with
-    {(t, l): the step's row of expert ids}."""
+    {(t, l): the step's row of expert ids}. Batched (``sel`` a lock-step union, ``members`` [steps, B] its member
+    tokens, ``tokens`` = (sel, w, cand, logits) of the tokens, ``logits`` unused): each member's row is rerouted on
+    its own, then the step runs their union (simulator/batch.py's rule); the counters add up over the members."""
     assert not (cpu_overlap and overlap != "none"), "cpu_overlap is defined for overlap none"
     wm = w if wm is None else wm
     decisions = {} if decisions is None else decisions
@@ -299,18 +302,26 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     recent = {e for (ll, e), tt in state["last_req"].items() if ll == l and tt >= t - window}
                 else:
                     recent = {e for e in range(E) if resident((l, e))}
-                new = _rerouted_row(srow, cand[t, l], logits[t, l], recent.__contains__, reroute, reroute_pool,
-                                    reroute_weights, gating, None if selection_bias is None else selection_bias[l])
+                bias = None if selection_bias is None else selection_bias[l]
+                if members is None:
+                    new = _rerouted_row(srow, cand[t, l], logits[t, l], recent.__contains__, reroute, reroute_pool,
+                                        reroute_weights, gating, bias)
+                    if new is not None:
+                        new_ids, new_w = new
+                        moved_in = sum(e not in srow for e in new_ids)
+                        away = sum(wr_ for e, wr_ in zip(srow, wrow) if e not in new_ids)
+                        new = new_ids, new_w, list(new_w), moved_in, away, int(new_ids[0] != srow[0])
+                else:
+                    new = _rerouted_union(members[t], tokens, l, k, recent.__contains__, reroute, reroute_pool,
+                                          reroute_weights, gating, bias)
                 if new is not None:
-                    new_ids, new_w = new
-                    moved_in = [e for e in new_ids if e not in srow]
-                    away = sum(wr_ for e, wr_ in zip(srow, wrow) if e not in new_ids)
+                    new_ids, new_w, new_wm, moved_in, away, n_changed = new
                     for d in (c, tc):
-                        d["rerouted"] += len(moved_in)
-                        d["first_choice_changed"] += int(new_ids[0] != srow[0])
+                        d["rerouted"] += moved_in
+                        d["first_choice_changed"] += n_changed
                         d["displaced"] = d.get("displaced", 0.0) + away  # (a warm-up layer's dict is a scratch one)
                         d["mass"] += away  # the gate mass of the experts rerouted away is lost, as a substitute's
-                    srow, wrow, wmrow = new_ids, new_w, list(new_w)
+                    srow, wrow, wmrow = new_ids, new_w, new_wm
             cur["rowpos"] = {(l, e): r for r, e in enumerate(srow) if e >= 0}
             row_of[(t, l)] = list(srow)
             selected = {(l, e) for e in srow if e >= 0}
@@ -549,6 +560,41 @@ def _rerouted_row(router, cand, logits, resident, rule, pool, weights, gating, b
     wts = [v / total for v in vals]
     order = sorted(range(k), key=lambda q: (-wts[q], q))
     return [ids[chosen[q]] for q in order], [float(np.float32(wts[q])) for q in order]
+
+
+def _rerouted_union(live, tokens, l, K, resident, rule, pool, weights, gating, bias):
+    """A batched step's row rerouted: each live member's row rerouted on its own, then their union (best rank, then
+    the larger weight to 2^-30, then the lower id; weights the largest member weight, masses their sum, float32),
+    padded to K with -1; with the counters summed over the members (requests rerouted in, the gate mass rerouted
+    away, members whose first choice changed). None when no member's set changes."""
+    tsel, tw, tcand, tlogits = tokens
+    rows, moved, away, changed = [], 0, 0.0, 0
+    for tm in live:
+        if tm < 0:
+            continue
+        router, rw = [int(e) for e in tsel[tm, l]], [float(x) for x in tw[tm, l]]
+        new = _rerouted_row(router, tcand[tm, l], tlogits[tm, l], resident, rule, pool, weights, gating, bias)
+        if new is None:
+            rows.append((router, rw))
+            continue
+        ids, wts = new
+        moved += sum(e not in router for e in ids)
+        for e, x in zip(router, rw):
+            if e not in ids:
+                away += x
+        changed += int(ids[0] != router[0])
+        rows.append((ids, wts))
+    if not moved:  # a member whose set changed ran an expert it did not select
+        return None
+    u: dict = {}
+    for ids, wts in rows:
+        for r, (e, x) in enumerate(zip(ids, wts)):
+            br, mx, sm = u.get(e, (r, x, 0.0))
+            u[e] = (min(br, r), max(mx, x), sm + x)
+    order = sorted(u, key=lambda e: (u[e][0], (1 << 30) - int(u[e][1] * (1 << 30)), e))
+    pad = [-1] * (K - len(order))
+    return (order + pad, [float(np.float32(u[e][1])) for e in order] + [0.0] * len(pad),
+            [float(np.float32(u[e][2])) for e in order] + [0.0] * len(pad), moved, away, changed)
 
 
 def _successors(train, E, depth):

@@ -72,9 +72,9 @@ def test_mixed_placement_and_cache_runs(tmp_path):
     (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},0.5,20\n", "at least two runs at different hit rates"),
     (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},0.5,20\n{MODEL},{QUANT},0.5,21\n", "different hit rates"),
     (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},1.5,20\n{MODEL},{QUANT},0.5,21\n", r"vram_hit must be a fraction"),
-    (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},0.2,nan\n{MODEL},{QUANT},0.5,21\n", "tok_s must be a positive"),
-    (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},0.2,-3\n{MODEL},{QUANT},0.5,21\n", "tok_s must be a positive"),
-    (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},0.2,inf\n{MODEL},{QUANT},0.5,21\n", "tok_s must be a positive"),
+    (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},0.2,nan\n{MODEL},{QUANT},0.5,21\n", "not a positive finite"),
+    (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},0.2,-3\n{MODEL},{QUANT},0.5,21\n", "not a positive finite"),
+    (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},0.2,inf\n{MODEL},{QUANT},0.5,21\n", "not a positive finite"),
     (f"model,quant,vram_hit,tok_s\n{MODEL},{QUANT},x,3\n{MODEL},{QUANT},0.5,21\n", "is not a number"),
     ("model,quant,tok_s\nm,q,3\n", "expected llama-bench output or a CSV"),
 ])

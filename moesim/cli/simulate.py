@@ -254,8 +254,9 @@ def render(doc: dict) -> list[str]:
         f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
     ]
     if doc["config"].get("reroute"):
+        at = "member positions" if doc["config"].get("batch", 1) > 1 else "steps"  # batched: counted per member
         lines.append(f"rerouted    {t['rerouted']:,} requests, first choice changed at {t['first_choice_changed']:,} "
-                     f"steps, displaced mass per step {t['displaced_mass_per_step']:.4f} (the router's gate weight "
+                     f"{at}, displaced mass per step {t['displaced_mass_per_step']:.4f} (the router's gate weight "
                      "rerouted away)")
     if doc["config"].get("prefetch", "none") != "none":
         def pct(x):
