@@ -257,6 +257,8 @@ def quality_note(members: list[dict]) -> str:
 
 WIDE_COLUMNS = [
     Column("first_choice_substitutions", "1st subst+drop", _int),
+    Column("rerouted", "rerouted", _int),
+    Column("displaced_mass_per_step", "displaced/step", _f(".4f"), latex="displaced\nper step"),
     Column("gb_per_token_sync", "GB/tok sync", _f(".3f")),
     Column("gb_per_token_background", "GB/tok bg", _f(".3f")),
     Column("vram_gib_for_cache", "VRAM GiB", _f(".1f")),
