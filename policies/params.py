@@ -18,12 +18,14 @@ class Param:
     what: str
     integer: bool = False
     default: float = 0.0
+    maximum: float | None = None  # the largest value the policy takes (None: no bound)
 
     def parse(self, spec: str, text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise MoesimError(f"bad parameter in {spec!r}: expected {self.what}") from None
-        if not math.isfinite(value) or value <= 0 or (self.integer and value != int(value)):
+        if not math.isfinite(value) or value <= 0 or (self.integer and value != int(value)) \
+                or (self.maximum is not None and value > self.maximum):
             raise MoesimError(f"bad parameter in {spec!r}: expected {self.what}")
         return value
