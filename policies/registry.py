@@ -26,7 +26,9 @@ policy takes ``name:value``, passed to the kernel in slot 0 of its parameter vec
 keeps a decayed router-request score per expert; half-life = slot 0), ``USES_NEXT_REQUEST`` (the
 kernel keeps each expert's next request), ``IN_DEFAULT_GRID`` (the sweep's default eviction axis),
 ``LIBCACHESIM`` (the libCacheSim 0.3.5 class with the same semantics under fetch-all: the tests then
-check the kernel against it, per layer and with a global pool, on random and real routing).
+check the kernel against it, per layer and with a global pool, on random and real routing), ``USES_TOKEN``
+(the policy's time is in tokens: the replay puts the ticks of one token, L x (E + k), in the last slot of
+its own parameters, TOKEN_SLOT, so that a hook's token is tick // that, -1 for the warm set's ticks).
 
 Codes are positions in name order; they exist only inside one process's kernel calls (results are
 keyed by names).
@@ -48,6 +50,7 @@ from moesim.policies import kinds, lists
 from moesim.policies.params import Param
 
 N_PRM = kinds.N_OWN  # parameters a policy may have (the kernels' vector also holds its structure kind)
+TOKEN_SLOT = N_PRM - 1  # a USES_TOKEN policy's slot for the ticks of one token
 GENERIC = "generic"  # the hook set of every structure kind (policies/kinds.py)
 # --step-pin's modes (simulator/step_pin.py MODE_*): how a policy keeps the step's experts
 PIN_NONE, PIN_LIST, PIN_HEAP, PIN_FIXED, PIN_KEYHEAP = range(5)
@@ -66,6 +69,7 @@ class Eviction:
     uses_next_request: bool
     in_default_grid: bool
     libcachesim: str | None = None  # the libCacheSim class with the same semantics under fetch-all (test oracle)
+    uses_token: bool = False  # reads the ticks of one token in prm[TOKEN_SLOT]
 
     @property
     def pinned(self) -> bool:
@@ -124,12 +128,16 @@ class Eviction:
         """How a user writes it: ``freq[:H]``."""
         return f"{self.name}[:{self.param.symbol}]" if self.param else self.name
 
-    def kernel_params(self, value: float | None) -> np.ndarray:
+    def kernel_params(self, value: float | None, ticks_per_token: int = 1) -> np.ndarray:
+        """The kernels' parameter vector; ``ticks_per_token``: L x (E + k) of the replay (USES_TOKEN policies)."""
         vals = ([self.param.default if value is None else float(value)] if self.param else [])
         vals += [v for _, v in self.fixed]
-        if len(vals) > N_PRM:
+        if len(vals) > (TOKEN_SLOT if self.uses_token else N_PRM):
             raise MoesimError(f"eviction {self.name} has {len(vals)} parameters; the kernel takes {N_PRM}")
-        return np.array(vals + [0.0] * (N_PRM - len(vals)) + [float(x) for x in self.structure], np.float64)
+        vals += [0.0] * (N_PRM - len(vals))
+        if self.uses_token:
+            vals[TOKEN_SLOT] = float(ticks_per_token)
+        return np.array(vals + [float(x) for x in self.structure], np.float64)
 
 
 def _discover() -> tuple[Eviction, ...]:
@@ -152,7 +160,8 @@ def _discover() -> tuple[Eviction, ...]:
                             uses_score=bool(getattr(m, "USES_SCORE", False)),
                             uses_next_request=bool(getattr(m, "USES_NEXT_REQUEST", False)),
                             in_default_grid=bool(getattr(m, "IN_DEFAULT_GRID", False)),
-                            libcachesim=getattr(m, "LIBCACHESIM", None)))
+                            libcachesim=getattr(m, "LIBCACHESIM", None),
+                            uses_token=bool(getattr(m, "USES_TOKEN", False))))
     return tuple(out)
 
 

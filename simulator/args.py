@@ -192,6 +192,9 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     steps = Steps(sel=sel, w=w, wm=wm, cand=np.ascontiguousarray(run.cand, dtype=np.int16), next_req=next_req,
                   first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0, look=look)
     policy, setup, state, slots, ram_cap = policy_state(routing, config, cost, warmup)
+    if k != routing.top_k and registry.get(config.eviction_name).uses_token:  # a batch's union: the kernel's ticks
+        policy = policy._replace(prm=registry.get(config.eviction_name).kernel_params(  # are L x (E + k) a token
+            config.eviction_param, ticks_per_token=L * (routing.n_experts + k)))
     if state.pf_prev.shape[0]:  # a batch's union may be wider than k
         state = state._replace(pf_prev=np.full((L, k), -1, np.int16))
     if k != routing.top_k:
@@ -248,7 +251,9 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     if overlap != prefetch_mod.OVERLAP_NONE and miss_mod.miss_quant(config.miss) is not None:
         raise MoesimError(f"{config.miss} under an overlapped clock (--overlap layer|cross-layer, or the engine "
                           "profile's default) is not modelled: use --overlap none")
-    policy = Policy(evict=ev.code, prm=ev.kernel_params(param), miss=miss_mod.get(config.miss_name).code,
+    # a policy whose time is in tokens (registry USES_TOKEN) gets the kernel's ticks per token
+    policy = Policy(evict=ev.code, prm=ev.kernel_params(param, ticks_per_token=L * (E + source.top_k)),
+                    miss=miss_mod.get(config.miss_name).code,
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
                     reset_per_seq=bool(config.reset_per_sequence), overlap=overlap,
                     prefetch=pf_code, pf_depth=int(config.prefetch_depth), step_pin=bool(config.step_pin),

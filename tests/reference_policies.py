@@ -26,6 +26,8 @@ index 0 (libCacheSim's list head) and the oldest at the end (its tail).
 
 from __future__ import annotations
 
+import math
+
 NOT_ADMITTED = "not admitted"
 
 
@@ -148,6 +150,125 @@ class Belady(Keyed):
 
     def key(self, o):
         return (tuple(-x for x in self.next_use(o)), self.last_use[o])
+
+
+
+def default_token(stamp) -> int:
+    """The token of a use when each event of a one-pool stream is a token of its own (tests/policy_streams.py);
+    the replay reference passes its own (stamp[0] // L)."""
+    return stamp if stamp >= 0 else -1
+
+
+class LFUDA(Keyed):
+    """LFU with dynamic aging (Arlitt et al. 2000): key = requests while cached + L, L the last victim's key
+    (0 at the start); a request hit recomputes the key with the current L, an insertion gets 1 + L; lowest key
+    evicted, ties to the least recently used (a run as a substitute refreshes recency only)."""
+
+    name = "lfuda"
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self.age = 0
+        self.k: dict = {}
+
+    def key(self, o):
+        return (self.k[o], self.last_use[o])
+
+    def hit(self, o, stamp, request=True):
+        super().hit(o, stamp, request)
+        if request:
+            self.k[o] = self.count[o] + self.age
+
+    def insert(self, o, stamp, exclude=()):
+        if len(self) >= self.capacity:
+            self.age = self.k[min(self.last_use, key=self.key)]
+        victim = super().insert(o, stamp, exclude)
+        if victim is not None:
+            del self.k[victim]
+        self.k[o] = 1 + self.age
+        return victim
+
+
+class LCP(Keyed):
+    """mlx-flash's LCP (lcp_cache.py LCPCache): lowest frequency x base^(tokens since last use / decay), the
+    frequency 1 on insertion and +1 per request hit, the last use the token of the insertion or last request
+    hit; ties to the earliest inserted. Compared through the time-invariant log key the kernel uses
+    (policies/lcp.py), computed with the same floating-point operations."""
+
+    name = "lcp"
+
+    def __init__(self, capacity: int, base: float = 0.25, decay_tokens: float = 128.0, token=default_token):
+        super().__init__(capacity)
+        self.base, self.decay, self.token = base, decay_tokens, token
+        self.last_token: dict = {}
+
+    def key(self, o):
+        k = float(self.last_token[o]) + self.decay / math.log2(1.0 / self.base) * math.log2(float(self.count[o]))
+        return (k, self.inserted[o])
+
+    def hit(self, o, stamp, request=True):
+        if request:  # a run as a substitute changes nothing
+            self.count[o] += 1
+            self.last_token[o] = self.token(stamp)
+
+    def insert(self, o, stamp, exclude=()):
+        victim = super().insert(o, stamp, exclude)
+        if victim is not None:
+            del self.last_token[victim]
+        self.last_token[o] = self.token(stamp)
+        return victim
+
+
+class LFRU(Policy):
+    """colibri's LFRU score (c/tier.h tier_lfru_score) as an eviction: lowest heat, then least recently
+    requested; heat counts the requests the policy sees (hits, fetched misses), kept across evictions, halved
+    at every multiple of decay_tokens tokens after the pool's first request (0: never). A run as a
+    substitute changes nothing."""
+
+    name = "lfru"
+
+    def __init__(self, capacity: int, decay_tokens: float = 0.0, token=default_token):
+        super().__init__(capacity)
+        self.period, self.token = int(decay_tokens), token
+        self.heat: dict = {}
+        self.last: dict = {}  # resident -> stamp of its last request
+        self.epoch = 0        # the period of the last request + 1; 0: none yet
+
+    def __contains__(self, o):
+        return o in self.last
+
+    def __len__(self):
+        return len(self.last)
+
+    def _decay(self, stamp):
+        tok = self.token(stamp)
+        if self.period <= 0 or tok < 0:
+            return
+        epoch = tok // self.period + 1
+        if self.epoch == 0:
+            self.epoch = epoch
+            return
+        if epoch > self.epoch:
+            shift = min(epoch - self.epoch, 31)
+            self.epoch = epoch
+            for x in self.heat:
+                self.heat[x] >>= shift
+
+    def hit(self, o, stamp, request=True):
+        if request:
+            self._decay(stamp)
+            self.heat[o] += 1
+            self.last[o] = stamp
+
+    def insert(self, o, stamp):
+        self._decay(stamp)
+        self.heat[o] = self.heat.get(o, 0) + 1
+        victim = None
+        if len(self) >= self.capacity:
+            victim = min(self.last, key=lambda x: (self.heat[x], self.last[x]))
+            del self.last[victim]
+        self.last[o] = stamp
+        return victim
 
 
 # ------------------------------------------------------------ libCacheSim policies
@@ -967,8 +1088,17 @@ LIBCACHESIM = {"arc": ARC, "s3fifo": S3FIFO, "sieve": Sieve, "clock": Clock, "sl
                "lruk": LRUK, "mq": MQ, "car": CAR, "lirs": LIRS}
 
 
-def make_policy(name: str, capacity: int, params: dict | None = None, *, score=None, next_use=None) -> Policy:
-    """One pool's policy by eviction name; ``score``/``next_use`` are what freq/belady read."""
+ENGINES = {"lfuda": LFUDA, "lcp": LCP, "lfru": LFRU}  # evictions engines run (no libCacheSim twin)
+TOKEN_TIMED = ("lcp", "lfru")  # their time is in tokens
+
+
+def make_policy(name: str, capacity: int, params: dict | None = None, *, score=None, next_use=None,
+                token=None) -> Policy:
+    """One pool's policy by eviction name; ``score``/``next_use`` are what freq/belady read, ``token`` the token of
+    a use's stamp (lcp, lfru; default: each event its own token)."""
+    if name in ENGINES:
+        extra = {"token": token} if token is not None and name in TOKEN_TIMED else {}
+        return ENGINES[name](capacity, **(params or {}), **extra)
     if name == "lru":
         return LRU(capacity)
     if name == "fifo":

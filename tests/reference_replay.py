@@ -147,7 +147,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         state["score"] = dict.fromkeys(objs, 0.0)
         state["policy"] = {} if pinning else {
             p: make_policy(eviction, cap[p], params, score=state["score"],
-                           next_use=lambda o: next_request(o, cur["now"])) for p in cap}
+                           next_use=lambda o: next_request(o, cur["now"]),
+                           token=lambda stamp: stamp[0] // L if stamp[0] >= 0 else -1) for p in cap}
         state["acc"] = dict.fromkeys(objs, 0.0)
         state["pending"] = {l: [] for l in range(L)}  # (object, completion time), in link order
         state["pf"] = {}  # object -> "inflight" | "landed" (resident, unused) | "stale" (served late, still queued)

@@ -38,12 +38,14 @@ VARIANTS = registry_variants() + [
     ("lruk", {"k": 1}), ("lruk", {"k": 3}), ("slru", {"n_seg": 3}),
     ("mq", {"lifetime": 20}), ("mq", {"n_queue": 3, "lifetime": 5, "qout_size_ratio": 0.5}),
     ("twoq", {"a_in_size_ratio": 0.5, "a_out_size_ratio": 1.0}),
+    ("lfru", {"decay_tokens": 7}), ("lfru", {"decay_tokens": 50}), ("lcp", {"base": 0.5, "decay_tokens": 8}),
 ]
 
 
 def test_variants_cover_the_new_policies():
     names = {n for n, _ in VARIANTS}
-    assert {"lirs", "slru", "twoq", "car", "lruk", "mq", "arc", "s3fifo", "sieve", "clock", "lru", "fifo"} <= names
+    assert {"lirs", "slru", "twoq", "car", "lruk", "mq", "arc", "s3fifo", "sieve", "clock", "lru", "fifo", "lfuda",
+            "lcp", "lfru"} <= names
 
 
 def run_both(name, capacity, stream, params, kinds, what, chunks=4):
@@ -95,6 +97,19 @@ def test_declared_parameters_match_the_reference_defaults():
 
     for name, cls in LIBCACHESIM.items():
         defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items() if k != "capacity"}
+        ev = registry.get(name)
+        declared = dict(ev.fixed) | ({ev.param.key: ev.param.default} if ev.param else {})
+        assert declared == defaults, name
+
+
+def test_engine_policies_declare_the_reference_defaults():
+    import inspect
+
+    from reference_policies import ENGINES
+
+    for name, cls in ENGINES.items():
+        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()
+                    if k not in ("capacity", "token")}
         ev = registry.get(name)
         declared = dict(ev.fixed) | ({ev.param.key: ev.param.default} if ev.param else {})
         assert declared == defaults, name
