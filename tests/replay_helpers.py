@@ -78,7 +78,7 @@ def libcachesim_misses(path, policy: str, capacity: int, n_requests: int, **para
     return int(round(ratio * n_requests))
 
 
-def libcachesim_cache(policy: str, capacity: int, admissioner=None, **params):
+def libcachesim_cache(policy: str, capacity: int, admissioner=None, hashpower: int = 16, **params):
     """A libCacheSim 0.3.5 cache of the class the eviction's module names (LIBCACHESIM), for objects of size 1;
     a class the Python package does not wrap (CAR) is built from its C init. ``params``: the class's
     parameters (keyword names of the Python class; key=value of the C init otherwise); ``admissioner``: a
@@ -88,14 +88,16 @@ def libcachesim_cache(policy: str, capacity: int, admissioner=None, **params):
     from moesim.policies import registry
 
     name = registry.libcachesim_twins()[policy]
-    # a small hash table: the default (2^24 buckets per cache, three for S3FIFO) costs more than the replay
+    # a small hash table by default: libCacheSim's (2^24 buckets per cache, three for S3FIFO) costs more than the
+    # replay of a test's stream
     if hasattr(lcs, name):
-        return getattr(lcs, name)(cache_size=capacity, hashpower=16, admissioner=admissioner, **params)
+        return getattr(lcs, name)(cache_size=capacity, hashpower=hashpower, admissioner=admissioner, **params)
     from libcachesim import libcachesim_python as c
     from libcachesim.cache import CacheBase, _create_common_params
 
     spec = ", ".join(f"{k}={v}" for k, v in params.items())
-    return CacheBase(getattr(c, f"{name}_init")(_create_common_params(capacity, hashpower=16), spec), admissioner)
+    return CacheBase(getattr(c, f"{name}_init")(_create_common_params(capacity, hashpower=hashpower), spec),
+                     admissioner)
 
 
 def stable_seed(*parts) -> int:
