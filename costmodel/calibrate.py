@@ -50,6 +50,17 @@ def _float(text, what: str, where: str) -> float:
     return v
 
 
+def _rate(text: str, where: str) -> float:
+    """A measured tokens per second (llama-bench's "12.3 ± 0.4" too): a finite positive number."""
+    try:
+        v = float(text.split("±")[0])
+    except ValueError:
+        v = float("nan")
+    if not (math.isfinite(v) and v > 0):
+        raise MoesimError(f"{where}: tokens per second {text.strip()!r} is not a positive finite number")
+    return v
+
+
 def _check_run(r: dict, where: str) -> dict:
     if not (math.isfinite(r["tok_s"]) and r["tok_s"] > 0):
         raise MoesimError(f"{where}: tok_s must be a positive finite number (got {r['tok_s']!r})")
@@ -74,8 +85,7 @@ def read_runs(path: str | Path, model: str | None = None) -> list[dict]:
         missing = [k for k, v in cells.items() if not v]
         if missing:
             raise MoesimError(f"{where} has no {', '.join(missing)}")
-        run: dict[str, Any] = {"model": cells["model"], "quant": cells["quant"],
-                               "tok_s": _float(cells["tok_s"], "tok_s", where)}
+        run: dict[str, Any] = {"model": cells["model"], "quant": cells["quant"], "tok_s": _rate(cells["tok_s"], where)}
         if (r.get("vram_hit") or "").strip():
             run["vram_hit"] = _float(r["vram_hit"], "vram_hit", where)
         elif (r.get("placement") or "").strip():
@@ -101,8 +111,7 @@ def _llama_bench(text: str, model: str | None, path) -> list[dict]:
         quant = next((q for k, q in LLAMA_BENCH_QUANTS.items() if k in cells.get("model", "")), None)
         if quant is None or model is None:
             raise MoesimError(f"{where} ({cells.get('model')!r}): give --model and a known quantization")
-        run: dict[str, Any] = {"model": model, "quant": quant,
-                               "tok_s": _float(cells.get("t/s", "").split("±")[0], "t/s", where)}
+        run: dict[str, Any] = {"model": model, "quant": quant, "tok_s": _rate(cells.get("t/s", ""), where)}
         slots = next((cells[c] for c in _CACHE_COLUMNS if cells.get(c)), None)
         hit = next((cells[c] for c in _HIT_COLUMNS if cells.get(c)), None)
         if hit is not None:

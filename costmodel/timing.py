@@ -23,8 +23,8 @@ MISS_MODES = ("fetch", "cpu", "hybrid")
 # Swapped-out anonymous pages come back in clusters of 2^vm.page-cluster pages: Linux's default page-cluster = 3,
 # 8 pages of 4 KiB (Documentation/admin-guide/sysctl/vm.rst); the faulting thread waits for each cluster.
 SWAP_CLUSTER = 8 * 4096
-# Costs a replay needs that the kernel's cost vector (simulator/kernel.py COST_NAMES) does not hold yet: kernel v2
-# appends them (docs/replay-semantics.md, "Engine costs of a dynamic cache"); CostParams.kernel_v2() gives them.
+# The per-step engine costs the replay charges beyond per-operation seconds (simulator/counters.py COST_NAMES holds
+# them; docs/replay-semantics.md, "Engine costs of a dynamic cache"); CostParams.kernel_v2() gives them.
 KERNEL_V2_COSTS = ("router_sync",)
 
 
@@ -52,8 +52,8 @@ class CostParams:
     write-back) pays the link latency once per copy the engine makes of an expert (``copies_per_expert``) and a
     fetched or uploaded expert ``s_fetch_fixed``; ``s_dense`` holds the fixed cost of a decode step (``s_token``) and
     the swap-in of over-committed host memory (``s_swap``). ``s_router_sync`` (once per MoE layer step not wholly
-    resident), ``cpu_overlap`` and ``uploads_per_layer`` (hybrid misses) need per-step logic the kernel does not have
-    yet (``kernel_v2``).
+    resident), ``cpu_overlap`` and ``uploads_per_layer`` (hybrid misses) are per-step logic of the replay's kernels
+    (``kernel_v2``).
     ``vram_expert_slots`` / ``ram_expert_slots``: how many experts fit in VRAM after the dense weights and the
     reserve, and in host RAM beyond those (tiers exclusive; 0 means none). ``ram_expert_capacity``: how many
     experts host RAM holds in all (inclusive of the VRAM copies, as an offloading engine keeps every expert in
@@ -112,10 +112,10 @@ class CostParams:
     s_token: float = 0.0  # fixed per decode step (included in s_dense)
     s_fetch_fixed: float = 0.0  # per fetched or uploaded expert (included in s_fetch_*, s_copy_*)
     copies_per_expert: int = 1  # host-to-GPU copies per expert (each pays the link latency)
-    s_router_sync: float = 0.0  # per MoE layer step not wholly resident (kernel v2)
+    s_router_sync: float = 0.0  # per MoE layer step not wholly resident
     engine_miss: str = "any"  # the engine's miss mode: any | cpu | fetch | hybrid
     uploads_per_layer: int = 0  # hybrid misses: background uploads per layer per step at most (0: any)
-    cpu_overlap: bool = False  # CPU experts run while the GPU runs the layer's others (kernel v2)
+    cpu_overlap: bool = False  # CPU experts run while the GPU runs the layer's others
     # memory pressure at (context, batch): the KV cache, its placement, what host RAM has left, what swaps
     batch: int = 1
     kv_bytes_per_seq: float = 0.0  # KV cache of one sequence at ``context`` tokens
@@ -127,8 +127,8 @@ class CostParams:
     mmap: bool = False  # the engine reads host weights through the page cache (nvme_read_kib > 0)
 
     def kernel_v2(self) -> dict:
-        """What a replay must charge beyond the kernel's cost vector today: ``router_sync`` (seconds, KERNEL_V2_COSTS)
-        and the modes ``cpu_overlap`` and ``uploads_per_layer`` (docs/replay-semantics.md)."""
+        """The per-step engine costs and modes the replay charges: ``router_sync`` (seconds, KERNEL_V2_COSTS), the
+        modes ``cpu_overlap`` and ``uploads_per_layer`` (docs/replay-semantics.md)."""
         return {"router_sync": self.s_router_sync, "cpu_overlap": self.cpu_overlap,
                 "uploads_per_layer": self.uploads_per_layer, "hybrid": self.engine_miss == "hybrid"}
 

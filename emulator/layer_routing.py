@@ -45,6 +45,7 @@ class LayerRows:
     w: np.ndarray       # [T, k] float32, normalized
     cand: np.ndarray    # [T, M] int16, best selection score first
     perm: np.ndarray    # [T, k]: rank r of token t is the router's output column perm[t, r]
+    logits: np.ndarray  # [T, M] float32, the candidates' router logits (Routing.logits)
 
 
 def layer_rows(meta: TraceMeta, ordinal: int, logits: np.ndarray, selected: np.ndarray,
@@ -65,11 +66,11 @@ def layer_rows(meta: TraceMeta, ordinal: int, logits: np.ndarray, selected: np.n
         ids, vals = top.astype(np.int64), top_logits.astype(np.float64)
     bias_rows = bias[ids] if bias is not None else None
     ww = w32.astype(np.float64)
-    ranked, s_ord, w_ord = decode_scores(meta, ids, vals, bias_rows, sel, ww)
+    ranked, s_ord, w_ord, ranked_logits = decode_scores(meta, ids, vals, bias_rows, sel, ww)
     # decode_scores ranks the selection with order_selected = rank_rows; the same permutation maps
     # each rank back to the router's output column
     perm = gating.rank_order(sel, gating.normalize(ww), ids_sorted=meta.tie_order == "stored")
-    return LayerRows(s_ord.astype(np.int16), w_ord.astype(np.float32), ranked.astype(np.int16), perm)
+    return LayerRows(s_ord.astype(np.int16), w_ord.astype(np.float32), ranked.astype(np.int16), perm, ranked_logits)
 
 
 def routing_of(meta: TraceMeta, tokens: Tokens, layers: list[LayerRows], ordinals: list[int]) -> Routing:
@@ -87,4 +88,5 @@ def routing_of(meta: TraceMeta, tokens: Tokens, layers: list[LayerRows], ordinal
         sel=np.stack([x.sel for x in layers], axis=1),
         w=np.stack([x.w for x in layers], axis=1),
         cand=np.stack([x.cand for x in layers], axis=1),
+        logits=np.stack([x.logits for x in layers], axis=1),
     )

@@ -31,8 +31,10 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 NOTICE_AFTER = 2.0  # seconds of compiling before the user is told
 
@@ -183,24 +185,37 @@ def _numba_cache_dir(d: Path):
     """numba reads its cache location when a function is decorated."""
     import numba
 
-    old = numba.config.CACHE_DIR
-    numba.config.CACHE_DIR = str(d)
+    cfg: Any = numba.config  # its settings are set at import time: invisible to a type checker
+    old = cfg.CACHE_DIR
+    cfg.CACHE_DIR = str(d)
     try:
         yield
     finally:
-        numba.config.CACHE_DIR = old
+        cfg.CACHE_DIR = old
 
 
 def _jit(fn, label: str, modules: Iterable[str], kw: dict, sig=None):
     """njit(fn), cached in the component directory; with ``sig``, compiled (or loaded) for it right away."""
     from numba import njit
 
-    args = () if sig is None else (sig,)
+    args: tuple = () if sig is None else (sig,)
     d = component_dir(label, modules)
-    if d is None:
-        return njit(*args, **kw)(fn)
-    with _numba_cache_dir(d):
-        return njit(*args, cache=True, **kw)(fn)
+    with quiet_numba():
+        if d is None:
+            return njit(*args, **kw)(fn)
+        with _numba_cache_dir(d):
+            return njit(*args, cache=True, **kw)(fn)  # type: ignore[call-overload]
+
+
+@contextlib.contextmanager
+def quiet_numba():
+    """numba's notices about its own features (the first-class function types the kernels' rare paths take are
+    "experimental") are not the user's business: a compile prints nothing but compile_notice's line."""
+    from numba.core.errors import NumbaExperimentalFeatureWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaExperimentalFeatureWarning)
+        yield
 
 
 def cached_njit(**kw):
@@ -213,7 +228,7 @@ def cached_njit(**kw):
     return deco
 
 
-def specialize(template: types.FunctionType, name: str, bindings: dict, modules: Iterable[str], sig=None, **kw):
+def specialize(template: Callable[..., Any], name: str, bindings: dict, modules: Iterable[str], sig=None, **kw):
     """``template`` compiled with the globals in ``bindings`` replaced (frozen into the code as constants), as
     the function ``name`` (for signature ``sig`` right away, if given); cached in the component of ``modules``
     and the template's module."""

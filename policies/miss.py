@@ -13,11 +13,13 @@ from moesim.errors import MoesimError
 # a request's outcome (the replay's decision record, moesim.simulator.simulate(record=True))
 OUTCOME_HIT, OUTCOME_FETCH, OUTCOME_SUBSTITUTE, OUTCOME_DROP, OUTCOME_CPU, OUTCOME_LOWBIT = range(6)
 OUTCOMES = ("hit", "fetch", "substitute", "drop", "cpu", "lowbit")
-# the actions a miss policy chooses (substitute falls back to drop when no candidate is resident)
+# the actions a miss policy chooses (substitute falls back to drop when no candidate is resident); HYBRID is a CPU
+# run (its outcome) that also uploads the expert in the background
 FETCH, SUBSTITUTE, DROP, CPU, LOWBIT = OUTCOME_FETCH, OUTCOME_SUBSTITUTE, OUTCOME_DROP, OUTCOME_CPU, OUTCOME_LOWBIT
+HYBRID = len(OUTCOMES)
 
 # miss policy codes (plain ints for the kernel)
-FETCH_ALL, THRESHOLD, FIRST_CHOICE, SUBSTITUTE_ALL, DROP_ALL, CPU_ALL, LOWBIT_ALL = range(7)
+FETCH_ALL, THRESHOLD, FIRST_CHOICE, SUBSTITUTE_ALL, DROP_ALL, CPU_ALL, LOWBIT_ALL, HYBRID_ALL = range(8)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ MISS_POLICIES: dict[str, MissPolicy] = {p.name: p for p in (
                ("cpu",), False, True),
     MissPolicy("lowbit", LOWBIT_ALL, "fetch a Q-quantized copy of the missing expert (lowbit:q4_k_m, lowbit:q2_k) "
                "and run it from VRAM; not admitted", (), True, False, takes_quant=True),
+    MissPolicy("hybrid", HYBRID_ALL, "compute the missing expert on the CPU for this use and upload it into the "
+               "cache in the background (llama.cpp's expert caches)", (), False, True),
 )}
 
 
@@ -117,4 +121,6 @@ def decide(code, rank, w, theta):
         return DROP
     if code == LOWBIT_ALL:
         return LOWBIT
+    if code == HYBRID_ALL:
+        return HYBRID
     return CPU

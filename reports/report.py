@@ -396,6 +396,7 @@ def _baselines(sweep, routing, budgets, ci=None, intervals: dict | None = None):
                                   & (pl.col("batch") == 1) & (pl.col("allocation") == "per-layer")
                                   & ~pl.col("warm") & (pl.col("warmup_tokens") == 0)
                                   & (pl.col("prefetch").fill_null("none") == "none")
+                                  & (pl.col("reroute").fill_null("none") == "none")
                                   & pl.col("eviction").is_in(list(BASELINE_EVICTIONS)))
             got = dict(zip(r["eviction"].to_list(), r["hit_rate"].to_list()))
             bounds = {e: (lo, hi) for e, lo, hi in r.select("eviction", "hit_rate_low", "hit_rate_high").rows()

@@ -259,9 +259,10 @@ WIDE_COLUMNS = [
 FITS_COLUMN = Column("fits_in_vram", "fits", _fits, "l")
 _TIME_KEYS = {"ms_per_token", "speedup", "gb_per_token_sync", "gb_per_token_background", "vram_gib_for_cache"}
 NOTE_COLUMNS = ("subst% = requests served by a substitute expert; drop% = requests dropped (no substitute "
-                "resident); mass/step = gate weight of the substituted and dropped experts per (token, layer) step. "
-                "1st choice: kept = the policy always runs the router's first choice (substituted mass tracks the "
-                "perplexity increase within this class only); may lose = it may substitute or drop it.")
+                "resident); mass/step = gate weight of the substituted, dropped and rerouted-away experts per (token, "
+                "layer) step. 1st choice: kept = the policy always runs the router's first choice (substituted mass "
+                "tracks the perplexity increase within this class only); may lose = it may substitute, drop or "
+                "reroute away from it.")
 
 
 def columns_for(priced: bool, wide: bool, any_unfit: bool, intervals: bool = False) -> list[Column]:
@@ -375,7 +376,7 @@ def lower_bound(members: list[dict]) -> dict | None:
 
     ev, miss, pf = LOWER_BOUND
     found = [r for r in members if r["eviction"] == ev and r["miss"] == miss and r.get("prefetch") == pf
-             and r.get("ms_per_token") is not None and r.get("admit") is None]
+             and r.get("ms_per_token") is not None and r.get("admit") is None and r.get("reroute") in (None, "none")]
     if not found:
         return None
     r = min(found, key=lambda r: (r.get("prefetch_depth") or 1, r["ms_per_token"]))

@@ -12,6 +12,7 @@ from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
 from moesim.policies import prefetch as prefetch_mod
 from moesim.policies import registry
+from moesim.policies import reroute as reroute_mod
 from moesim.policies.static import most_requested
 from moesim.policies.structures import N_FO, N_OB, new_pools
 from moesim.simulator.batch import batch_routing
@@ -32,10 +33,12 @@ from moesim.simulator.counters import (
     S_FETCH_NVME,
     S_FETCH_RAM,
     S_LOWBIT_VRAM,
+    S_ROUTER_SYNC,
     S_WRITEBACK,
 )
 from moesim.simulator.kernels import Variant, variant
 from moesim.simulator.prefetch_state import N_PF_SCAL
+from moesim.simulator.reroute import NEVER_USED
 from moesim.traces.routing import Routing
 
 
@@ -52,6 +55,8 @@ class Steps(NamedTuple):
     t0: int                # the index of the first of these steps in the whole replay (chunks of a stream)
     look: np.ndarray       # [T, L, k] int16: the lookahead column (Routing.lookahead) for --prefetch lookahead,
                            # else empty
+    logits: np.ndarray     # [T, L, M] float32: the candidates' logits (Routing.logits) for a step policy, else empty
+    score: np.ndarray      # [T, L, M] float32: their selection scores (the gating's; for a step policy, else empty)
 
 
 class Policy(NamedTuple):
@@ -71,6 +76,14 @@ class Policy(NamedTuple):
     uses_score: bool       # ... its decayed request score
     admits: bool           # False for a pinned placement: nothing is ever admitted
     pin_mode: int          # how --step-pin keeps the step's experts (simulator/step_pin.py MODE_*)
+    cpu_overlap: bool      # the engine runs a step's CPU experts beside its GPU work (CostParams.cpu_overlap)
+    step: int              # the step policy (policies/reroute.py code; NONE: the router's rows as they are)
+    step_value: float      # its λ (bias) or J (keep)
+    step_pool: int         # the candidates it considers
+    step_resident: int     # what counts as resident (policies/reroute.py RESIDENT_*)
+    step_window: int       # recent:W's W
+    step_biased: bool      # the rerouted set's weights from the biased scores
+    gating_sigmoid: bool   # the trace's gating is sigmoid (gate weights are normalized sigmoids, not softmax)
 
 
 class Setup(NamedTuple):
@@ -103,7 +116,12 @@ class State(NamedTuple):
     spin: np.ndarray        # float64 [L * E, 2]: --step-pin's step each expert is pinned at, its saved priority
     row: np.ndarray         # int16 [k]: the ext kernel's step row (the step's selection, as a step policy leaves
     row_w: np.ndarray       # float32 [k]  it), its weights the miss policy reads
-    row_wm: np.ndarray      # float32 [k]  and the gate mass a substitution or drop loses
+    row_wm: np.ndarray      # float32 [k]  and the gate mass a substitution or drop loses,
+    row_next: np.ndarray    # int64 [k]    and each request's next request tick (-1: an expert rerouted in)
+    last_req: np.ndarray    # int64 [L * E]: the token each expert was last requested at (--reroute-resident recent)
+    rr_b: np.ndarray        # float64 [M]: rerouting's scratch (residency of the pool's candidates)
+    rr_pos: np.ndarray      # int64 [k]: ... the chosen candidates
+    rr_w: np.ndarray        # float64 [k]: ... their weights
 
 
 class Out(NamedTuple):
@@ -116,6 +134,9 @@ class Out(NamedTuple):
     tok_stall: np.ndarray     # float64 [T], zeros: seconds a step waited for the link (untimed: left)
     outcome: np.ndarray       # int8 [T, L, k] (policies/miss.py OUTCOME_*), or empty: no decision record
     substitute: np.ndarray    # int16 [T, L, k]: the expert run in place of a substituted request, else -1
+    selected: np.ndarray      # int16 [T, L, k]: with a decision record, each step's row (rerouted or not)
+    layer_displaced: np.ndarray  # float64 [L]: the router's gate mass rerouted away (counted tokens only)
+    tok_displaced: np.ndarray    # float64 [T], zeros: ... per step (written by a rerouted replay)
 
 
 class KernelArgs(NamedTuple):
@@ -157,6 +178,7 @@ def kernel_costs(cost: Any, n_layers: int, batch: int, lowbit: str | None = None
     c[S_COPY_NVME] = cost.s_copy_nvme
     c[S_CPU_HANDOFF] = cost.s_cpu_handoff
     c[S_WRITEBACK] = cost.s_writeback
+    c[S_ROUTER_SYNC] = getattr(cost, "s_router_sync", 0.0)
     return c
 
 
@@ -189,8 +211,10 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     look = np.zeros((0, 0, 0), np.int16)
     if config.prefetch == "lookahead":
         look = lookahead_steps(run, config)
-    steps = Steps(sel=sel, w=w, wm=wm, cand=np.ascontiguousarray(run.cand, dtype=np.int16), next_req=next_req,
-                  first_req=first_req, tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0, look=look)
+    cand = np.ascontiguousarray(run.cand, dtype=np.int16)
+    logits, score = step_scores(run, config, sel, cand)
+    steps = Steps(sel=sel, w=w, wm=wm, cand=cand, next_req=next_req, first_req=first_req,
+                  tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0, look=look, logits=logits, score=score)
     policy, setup, state, slots, ram_cap = policy_state(routing, config, cost, warmup)
     if k != routing.top_k and registry.get(config.eviction_name).uses_token:  # a batch's union: the kernel's ticks
         policy = policy._replace(prm=registry.get(config.eviction_name).kernel_params(  # are L x (E + k) a token
@@ -198,13 +222,14 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     if state.pf_prev.shape[0]:  # a batch's union may be wider than k
         state = state._replace(pf_prev=np.full((L, k), -1, np.int16))
     if k != routing.top_k:
-        state = state._replace(row=np.zeros(k, np.int16), row_w=np.zeros(k, np.float32),
-                               row_wm=np.zeros(k, np.float32))
+        state = state._replace(**row_state(k, run.n_candidates))
     shape = (T, L, k) if record else (0, 0, 0)
     out = Out(layer_counts=np.zeros((L, N_COUNTERS), np.int64), layer_mass=np.zeros(L, np.float64),
               tok_counts=np.zeros((N_COUNTERS, T), np.int64), tok_mass=np.zeros(T, np.float64),
               tok_seconds=np.zeros(T, np.float64), tok_stall=np.zeros(T, np.float64),
-              outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16))
+              outcome=np.full(shape, -1, np.int8), substitute=np.full(shape, -1, np.int16),
+              selected=np.full(shape, -1, np.int16), layer_displaced=np.zeros(L, np.float64),
+              tok_displaced=np.zeros(T, np.float64))
     return Prepared(args=KernelArgs(steps, policy, setup, state, out),
                     variant=variant_of(config, cost, record, generic), run=run, members=members, warmup_steps=warmup,
                     slots=slots, ram_cap=ram_cap)
@@ -257,8 +282,10 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
                     reset_per_seq=bool(config.reset_per_sequence), overlap=overlap,
                     prefetch=pf_code, pf_depth=int(config.prefetch_depth), step_pin=bool(config.step_pin),
-                    max_uploads=int(config.max_uploads or 0), uses_next=ev.uses_next_request,
-                    uses_score=ev.uses_score, admits=not ev.pinned, pin_mode=ev.pin_mode)
+                    max_uploads=upload_cap(config, cost), uses_next=ev.uses_next_request,
+                    uses_score=ev.uses_score, admits=not ev.pinned, pin_mode=ev.pin_mode,
+                    cpu_overlap=bool(getattr(cost, "cpu_overlap", False)) and overlap == prefetch_mod.OVERLAP_NONE,
+                    **step_policy(config, source))
     succ, cnt = np.zeros((0, 0, 0), np.int16), np.zeros((0, 0, 0), np.int64)
     if pf_code == prefetch_mod.NEXT_LAYER:
         succ, cnt = next_layer_table(source, config)
@@ -275,9 +302,81 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                   pf_prev=np.full((L, source.top_k) if n_pf else (0, 0), -1, np.int16),
                   pf_scal=np.zeros(N_PF_SCAL, np.int64), pf_score=np.zeros(E if n_pf else 0, np.float64),
                   pf_pick=np.zeros(E if n_pf else 0, np.int64), spin=np.full((n_obj, 2), -1.0, np.float64),
-                  row=np.zeros(source.top_k, np.int16), row_w=np.zeros(source.top_k, np.float32),
-                  row_wm=np.zeros(source.top_k, np.float32))
+                  last_req=np.full(n_obj, NEVER_USED, np.int64), **row_state(source.top_k, source.n_candidates))
     return policy, setup, state, slots, ram_cap
+
+
+def row_state(k: int, n_candidates: int) -> dict:
+    """The ext kernel's step row and rerouting's scratch for rows of k requests and n_candidates candidates."""
+    return dict(row=np.zeros(k, np.int16), row_w=np.zeros(k, np.float32), row_wm=np.zeros(k, np.float32),
+                row_next=np.zeros(k, np.int64), rr_b=np.zeros(n_candidates, np.float64),
+                rr_pos=np.zeros(k, np.int64), rr_w=np.zeros(k, np.float64))
+
+
+def step_policy(config: SimConfig, source: Any) -> dict:
+    """The Policy fields of the step policy (rerouting), checked against the trace: it needs candidate scores, a
+    selection that is the top k of them, a pool of at least k of them and J <= k."""
+    fields = dict(step=reroute_mod.NONE, step_value=0.0, step_pool=0, step_resident=reroute_mod.RESIDENT_CACHE,
+                  step_window=0, step_biased=False, gating_sigmoid=source.meta.gating == "sigmoid")
+    if config.reroute is None:
+        return fields
+    meta, k = source.meta, source.top_k
+    if not getattr(meta, "has_scores", False):
+        raise MoesimError("--reroute needs the candidates' scores, which this trace does not keep (a frequency-only "
+                          "trace, an import of selected ids only, or a ranked file of schema version 2: rewrite it "
+                          "with moesim compact from its source)")
+    name, value = reroute_mod.parse_reroute(config.reroute)
+    M = source.n_candidates
+    pool = M if config.reroute_pool is None else config.reroute_pool
+    if not (k <= pool <= M):
+        raise MoesimError(f"--reroute-pool {pool}: the pool takes from k = {k} to the {M} candidates the trace stores")
+    if name == "keep" and value > k:
+        raise MoesimError(f"--reroute keep:{value:g} keeps more than the k = {k} experts a step selects")
+    mode, window = reroute_mod.parse_resident(config.reroute_resident)
+    return fields | dict(step=reroute_mod.STEP_POLICIES[name].code, step_value=float(value), step_pool=int(pool),
+                         step_resident=mode, step_window=int(window),
+                         step_biased=config.reroute_weights == "biased")
+
+
+def step_scores(run: Any, config: SimConfig, sel: np.ndarray, cand: np.ndarray, meta: Any = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(logits, selection scores) [T, L, M] float32 of the candidates for a step policy, else empty arrays;
+    ``run``: a Routing or a streamed chunk (its ``logits``; ``meta`` then the store's)."""
+    empty = np.zeros((0, 0, 0), np.float32)
+    if config.reroute is None:
+        return empty, empty
+    logits = getattr(run, "logits", None)
+    if logits is None:
+        raise MoesimError("--reroute needs the candidates' scores, which this trace does not keep")
+    k = sel.shape[2]
+    if not (np.sort(sel, axis=2) == np.sort(cand[:, :, :k], axis=2)).all():
+        raise MoesimError("--reroute needs each step's selection to be the top k of its candidates' scores; this "
+                          "trace stores a selection of its own (a model's selected column): rerouting would change "
+                          "steps its bias never touched")
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    return logits, selection_scores(logits, cand, run.meta if meta is None else meta)
+
+
+def selection_scores(logits: np.ndarray, cand: np.ndarray, meta) -> np.ndarray:
+    """The candidates' selection scores: the logit for softmax gatings; sigmoid(logit) plus the layer's selection
+    bias for sigmoid (traces/gating.py's rule)."""
+    if meta.gating != "sigmoid":
+        return logits
+    s = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    if meta.selection_bias is not None:
+        bias = np.asarray(meta.selection_bias, dtype=np.float64)
+        s = s + bias[np.arange(bias.shape[0])[None, :, None], cand]
+    return np.ascontiguousarray(s, dtype=np.float32)
+
+
+def upload_cap(config: SimConfig, cost: Any) -> int:
+    """Fetched (or, for hybrid misses, uploaded) experts admitted per layer per step at most (0: no cap):
+    --max-uploads, else for hybrid misses the engine profile's uploads_per_layer."""
+    if config.max_uploads:
+        return int(config.max_uploads)
+    if config.miss_name == "hybrid" and cost is not None:
+        return int(getattr(cost, "uploads_per_layer", 0) or 0)
+    return 0
 
 
 def variant_of(config: SimConfig, cost: Any, record: bool = False, generic: bool = False) -> Variant:
@@ -288,12 +387,12 @@ def variant_of(config: SimConfig, cost: Any, record: bool = False, generic: bool
 
 def family_of(config: SimConfig, cost: Any, record: bool = False, generic: bool = False) -> str:
     """The kernel family (simulator/kernels.py FAMILIES) a replay needs: engine for --step-pin, --max-uploads
-    and the low-bit paths; ext for any other miss policy than fetch-all, prefetch or an overlapped clock; else
-    lean (no clock, no host-RAM tier, no decision record) or plain."""
-    if config.step_pin or config.max_uploads or config.lowbit_share or miss_mod.miss_quant(config.miss):
+    and the low-bit paths; ext for any other miss policy than fetch-all, prefetch, rerouting or an overlapped
+    clock; else lean (no clock, no host-RAM tier, no decision record) or plain."""
+    if config.step_pin or upload_cap(config, cost) or config.lowbit_share or miss_mod.miss_quant(config.miss):
         return "engine"
-    if generic or config.miss_name != "fetch-all" or config.prefetch != "none" \
-            or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE:
+    if generic or config.miss_name != "fetch-all" or config.prefetch != "none" or config.reroute is not None \
+            or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or getattr(cost, "cpu_overlap", False):
         return "ext"
     return "lean" if cost is None and not record else "plain"
 

@@ -13,6 +13,7 @@ from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
 from moesim.policies import prefetch as prefetch_mod
 from moesim.policies import registry
+from moesim.policies import reroute as reroute_mod
 from moesim.policies.miss import parse_miss
 from moesim.policies.registry import parse_eviction
 
@@ -24,7 +25,8 @@ STEP_PIN_REFUSED = tuple(e.name for e in registry.EVICTIONS if e.pin_mode == reg
 # configs keep their keys)
 _LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": None, "overlap": None,
                    "step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None,
-                   "speculative": 0, "accept": None}
+                   "speculative": 0, "accept": None, "reroute": None, "reroute_pool": None,
+                   "reroute_resident": "cache", "reroute_weights": "original"}
 
 
 def slots_for_budget(budget: float, n_experts: int) -> int:
@@ -58,6 +60,10 @@ class SimConfig:
     lowbit_quant: str | None = None  # the quantization of those copies (default: lowbit:Q's)
     speculative: int = 0  # drafted tokens a step verifies per sequence, besides one (simulator/speculative.py)
     accept: float | None = None  # the fraction of them accepted (with speculative > 0)
+    reroute: str | None = None  # a step policy: bias:λ | keep:J (policies/reroute.py, docs/replay-semantics.md)
+    reroute_pool: int | None = None  # candidates it considers (None: every candidate the trace stores)
+    reroute_resident: str = "cache"  # what counts as resident: cache | recent:W
+    reroute_weights: str = "original"  # the rerouted set's gate weights: original (unbiased) | biased
 
     def __post_init__(self):
         ev, ev_arg = parse_eviction(self.eviction)
@@ -151,6 +157,34 @@ class SimConfig:
             object.__setattr__(self, "accept", a)
         elif self.accept is not None:
             raise MoesimError("--accept is the acceptance of --speculative G drafts: give --speculative too")
+        self._check_reroute()
+
+    def _check_reroute(self) -> None:
+        if self.reroute is None:
+            if self.reroute_pool is not None or self.reroute_resident != "cache" or self.reroute_weights != "original":
+                raise MoesimError("--reroute-pool, --reroute-resident and --reroute-weights qualify --reroute: give "
+                                  "--reroute bias:λ or keep:J too")
+            return
+        name, value = reroute_mod.parse_reroute(self.reroute)
+        object.__setattr__(self, "reroute", f"{name}:{value:g}")
+        mode, window = reroute_mod.parse_resident(self.reroute_resident)
+        resident = "cache" if mode == reroute_mod.RESIDENT_CACHE else f"recent:{window}"
+        object.__setattr__(self, "reroute_resident", resident)
+        if self.reroute_weights not in reroute_mod.WEIGHTS:
+            raise MoesimError(f"--reroute-weights must be one of {', '.join(reroute_mod.WEIGHTS)}, got "
+                              f"{self.reroute_weights!r}")
+        if self.reroute_pool is not None:
+            if isinstance(self.reroute_pool, bool) or int(self.reroute_pool) != self.reroute_pool \
+                    or self.reroute_pool < 1:
+                raise MoesimError(f"--reroute-pool must be a whole number of candidates >= k, got "
+                                  f"{self.reroute_pool!r}")
+            object.__setattr__(self, "reroute_pool", int(self.reroute_pool))
+        if self.batch > 1:
+            raise MoesimError("--reroute with --batch > 1 is not modelled (a batched step is the union of several "
+                              "tokens' selections, each rerouted on its own)")
+        if self.speculative:
+            raise MoesimError("--reroute with --speculative is not modelled (a speculative step is the union of "
+                              "several tokens' selections)")
 
     @property
     def eviction_name(self) -> str:
@@ -242,7 +276,18 @@ class SimConfig:
             parts.append(f"lowbit {self.lowbit_share:g} {self.low_quant}")
         if self.speculative:
             parts.append(f"spec {self.speculative} accept {self.accept:g}")
+        if self.reroute is not None:
+            parts.append(self.reroute_label())
         return " / ".join(parts)
+
+    def reroute_label(self) -> str:
+        """'reroute bias:0.25' (with its pool, residency and weights when not the defaults); '' without one."""
+        if self.reroute is None:
+            return ""
+        extra = [f"pool {self.reroute_pool}"] * (self.reroute_pool is not None) \
+            + [self.reroute_resident] * (self.reroute_resident != "cache") \
+            + ["biased weights"] * (self.reroute_weights != "original")
+        return f"reroute {self.reroute}" + (f" ({', '.join(extra)})" if extra else "")
 
     def prefetch_label(self) -> str:
         """'pf oracle' (prefetch oracle), 'pf next-layer:2' (depth 2), '' without prefetch: short, so that

@@ -51,6 +51,16 @@ def start_copy(o, l, now, link_free, cost, timed, tiered, ram, ob, fo, po, queue
 
 
 @cached_njit(_nrt=False)
+def upload(o, l, now, link_free, cost, timed, ob, queue, queue_t, qhl, tok_counts, layer_counts, t, counting):
+    """A hybrid miss's background upload of o from host RAM (the CPU has just read it there), queued on the link
+    at ``now`` and admitted when it lands. Returns when the link is free."""
+    tok_counts[COPIES, t] += 1
+    if counting:
+        layer_counts[l, COPIES] += 1
+    return queue_copy(o, l, False, now, link_free, cost, timed, ob, queue, queue_t, qhl)
+
+
+@cached_njit(_nrt=False)
 def land(insert, prm, pool, l, tick0, now, link_free, s_writeback, ob, fo, po, heap, queue, queue_t, qhl, pf):
     """Admit layer l's background copies and prefetches that completed by ``now`` (in queue order, at the
     step's first ticks) through the policy's insert hook. Returns (admissions, evictions, when the link

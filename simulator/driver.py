@@ -10,7 +10,7 @@ import numpy as np
 from moesim.errors import MoesimError
 from moesim.policies import registry
 from moesim.simulator import kernels
-from moesim.simulator.args import Out, Steps, build, policy_state, variant_of
+from moesim.simulator.args import Out, Steps, build, policy_state, step_scores, variant_of
 from moesim.simulator.config import SimConfig
 from moesim.simulator.counters import N_COUNTERS
 from moesim.simulator.result import Decisions, SimResult, TimedSums
@@ -76,8 +76,9 @@ def simulate(routing: Routing | DecodedStore | str | os.PathLike, config: SimCon
         counted_tokens=int(members_per_step[prep.warmup_steps:].sum()), slots_per_layer=prep.slots,
         n_experts=routing.n_experts, trace_digest=routing.digest, synthetic=routing.synthetic,
         replay_seconds=seconds, token_seconds=out.tok_seconds, token_stall=out.tok_stall,
+        displaced=out.layer_displaced, token_displaced=out.tok_displaced,
         step_members=members_per_step, step_decode=prep.run.phase == 1, warmup_steps=prep.warmup_steps,
-        decisions=Decisions(out.outcome, out.substitute) if record else None,
+        decisions=Decisions(out.outcome, out.substitute, out.selected) if record else None,
     )
     if not tokens:
         _drop_series(result)
@@ -143,32 +144,40 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
     T, L = store.n_tokens, store.n_layers
     _check_warmup(config, T)
     no_look = np.zeros((0, 0, 0), np.int16)
+    no_scores = np.zeros((0, 0, 0), np.float32)
     policy, setup, state, slots, ram_cap = policy_state(store, config, cost, config.warmup_tokens)
     ev = registry.get(config.eviction_name)
     n = store.chunk_tokens(chunk_tokens)
     first = store.first_requests() if ev.uses_next_request else np.zeros(L * store.n_experts, np.int64)
     layer_counts, layer_mass = np.zeros((L, N_COUNTERS), np.int64), np.zeros(L, np.float64)
+    no_rec = np.full((0, 0, 0), -1, np.int16)
     bufs = Out(layer_counts=layer_counts, layer_mass=layer_mass, tok_counts=np.zeros((N_COUNTERS, 0), np.int64),
                tok_mass=np.zeros(n), tok_seconds=np.zeros(n), tok_stall=np.zeros(n),
-               outcome=np.full((0, 0, 0), -1, np.int8), substitute=np.full((0, 0, 0), -1, np.int16))
+               outcome=np.full((0, 0, 0), -1, np.int8), substitute=no_rec, selected=no_rec,
+               layer_displaced=np.zeros(L, np.float64), tok_displaced=np.zeros(n))
     keep = tokens
     series = {name: np.zeros((T, N_COUNTERS) if name == "tok_counts" else T, np.int64 if name == "tok_counts"
-                             else np.float64) for name in ("tok_counts", "tok_mass", "tok_seconds", "tok_stall")} \
-        if keep else {}
+                             else np.float64)
+              for name in ("tok_counts", "tok_mass", "tok_seconds", "tok_stall", "tok_displaced")} if keep else {}
     decode = store.phase == 1
     ones = np.ones(n, np.int64)
     sums = TimedSums()
     v = variant_of(config, cost, generic=generic)
     kernels.ensure((v,))
     seconds = 0.0
-    what = ("sel", "w", "cand") if config.substitutes else ("sel", "w")
+    rerouting = config.reroute is not None
+    what: tuple[str, ...] = ("sel", "w", "cand") if config.substitutes or rerouting else ("sel", "w")
+    what += ("logits",) if rerouting else ()
     for c in store.chunks(n, what=what, next_req=ev.uses_next_request):
         m = len(c.seq)
+        logits, score = step_scores(c, config, c.sel, c.cand, store.meta) if rerouting else (no_scores, no_scores)
         steps = Steps(sel=c.sel, w=c.w, wm=c.w, cand=c.cand, next_req=c.next_req, first_req=first, tok_seq=c.seq,
-                      t0=c.t0, look=no_look)
+                      t0=c.t0, look=no_look, logits=logits, score=score)
         # the kernel adds into tok_counts: fresh zeros a chunk (counter-major; untouched pages cost nothing)
+        bufs.tok_displaced[:m] = 0.0
         out = bufs._replace(tok_counts=np.zeros((N_COUNTERS, m), np.int64), tok_mass=bufs.tok_mass[:m],
-                            tok_seconds=bufs.tok_seconds[:m], tok_stall=bufs.tok_stall[:m])
+                            tok_seconds=bufs.tok_seconds[:m], tok_stall=bufs.tok_stall[:m],
+                            tok_displaced=bufs.tok_displaced[:m])
         t1 = time.perf_counter()
         kernels.run(v, (steps, policy, setup, state, out))
         seconds += time.perf_counter() - t1
@@ -183,6 +192,7 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
         token_mass=series.get("tok_mass", empty), counted_tokens=T - config.warmup_tokens, slots_per_layer=slots,
         n_experts=store.n_experts, trace_digest=store.digest, synthetic=store.synthetic, replay_seconds=seconds,
         token_seconds=series.get("tok_seconds", empty), token_stall=series.get("tok_stall", empty),
+        displaced=bufs.layer_displaced, token_displaced=series.get("tok_displaced", empty),
         step_members=np.ones(T, np.int64) if keep else np.zeros(0, np.int64),
         step_decode=decode if keep else np.zeros(0, np.bool_), warmup_steps=config.warmup_tokens, sums=sums,
         extra={"streamed": {"chunk_tokens": n, "chunks": -(-T // n)}},

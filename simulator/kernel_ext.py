@@ -18,17 +18,20 @@ import numpy as np
 
 from moesim.policies import miss
 from moesim.policies import prefetch as pfp
-from moesim.policies.structures import CAP, MARK, NREQ, RES, SCORE
-from moesim.simulator import overlap
+from moesim.policies import reroute as reroute_mod
+from moesim.policies.structures import CAP, MARK, NREQ, QUEUED, RES, SCORE
+from moesim.simulator import overlap, reroute
 from moesim.simulator import prefetch as pfm
 from moesim.simulator import step_pin as pin
-from moesim.simulator.copyqueue import land
+from moesim.simulator.copyqueue import land, upload
 from moesim.simulator.counters import (
     ADMISSIONS,
+    CAPPED,
     DECAY_BASE,
     EVICTIONS,
     FETCHES,
     FETCHES_NVME,
+    FIRST_CHOICE_CHANGED,
     HITS,
     LINK_FREE,
     MISSES,
@@ -36,6 +39,7 @@ from moesim.simulator.counters import (
     PREFETCH_USED,
     PREV_SEQ,
     REQUESTS,
+    REROUTED,
     RESCALE,
     S_CPU_HANDOFF,
     S_CPU_NVME,
@@ -45,12 +49,23 @@ from moesim.simulator.counters import (
     S_FETCH_NVME,
     S_FETCH_RAM,
     S_LOWBIT_VRAM,
+    S_ROUTER_SYNC,
     S_WRITEBACK,
 )
 from moesim.simulator.host_ram import from_nvme
-from moesim.simulator.miss_paths import admit_engine, cpu_run, lose, lowbit_fetch, pinned_hits, sync_fetch, tier_run
+from moesim.simulator.miss_paths import (
+    admit_engine,
+    cpu_run,
+    layer_cold,
+    lose,
+    lowbit_fetch,
+    pinned_hits,
+    sync_fetch,
+    tier_run,
+)
 from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE
 from moesim.simulator.prefetch_state import reset as pf_reset
+from moesim.simulator.reroute import NEVER_USED
 from moesim.simulator.reset import clocked, first_ticks, reset_state
 
 # Bound per specialization (simulator/kernels.py): the inlinable hooks, of a custom policy or of every structure
@@ -76,7 +91,10 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
     clock, scal = state.clock, state.scal
     layer_counts, layer_mass, tok_counts, tok_mass = out.layer_counts, out.layer_mass, out.tok_counts, out.tok_mass
     tok_seconds, tok_stall = out.tok_seconds, out.tok_stall
-    outcome, substituted = out.outcome, out.substitute
+    outcome, substituted, rec_sel = out.outcome, out.substitute, out.selected
+    row_next, last_req = state.row_next, state.last_req
+    rerouting = policy.step != reroute_mod.NONE
+    recent = rerouting and policy.step_resident != reroute_mod.RESIDENT_CACHE
     pool_of_layer, cost, lowbit_res = setup.pool_of_layer, setup.cost, setup.lowbit_res
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
@@ -104,7 +122,8 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
     s_fetch_ram, s_fetch_nvme = cost[S_FETCH_RAM], cost[S_FETCH_NVME]
     s_cpu_ram, s_cpu_nvme = cost[S_CPU_RAM], cost[S_CPU_NVME]
     s_handoff, s_writeback = cost[S_CPU_HANDOFF], cost[S_WRITEBACK]
-    s_lowbit_vram = cost[S_LOWBIT_VRAM]
+    s_lowbit_vram, s_sync = cost[S_LOWBIT_VRAM], cost[S_ROUTER_SYNC]
+    cpu_ov = policy.cpu_overlap and timed  # a step's CPU experts run on the host beside its GPU work
     substitutes = miss_code == miss.THRESHOLD or miss_code == miss.FIRST_CHOICE or miss_code == miss.SUBSTITUTE_ALL
     copies = beta > 0.0 and admits
     # overlap (simulator/overlap.py) and prefetch (simulator/prefetch.py): off, they leave the loop as it was
@@ -132,6 +151,9 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 insert(ob, fo, po, heap, prm, pool_of_layer[o // E], o, -2 * (nw - i) - 1)
             if prefetching:
                 pf_reset(pf, state.pf_scal)
+            if recent:
+                for o in range(n_obj):
+                    last_req[o] = NEVER_USED
             decay_base = tg
         prev_seq = tok_seq[t]
         if uses_score and half_life > 0.0:
@@ -165,17 +187,38 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
             if qhl[l, 1] > 0 and queue_t[l, qhl[l, 0]] <= now:
                 n_admit, n_evict, link_free = land(insert, prm, pool, l, tick0, now, link_free, s_writeback, ob,
                                                    fo, po, heap, queue, queue_t, qhl, pf)
-            for r in range(k):  # the step row: the seam where a step policy may rewrite the selection
-                row[r] = sel[t, l, r]
-                row_w[r] = w[t, l, r]
-                row_wm[r] = wm[t, l, r]
+            if s_sync != 0.0 and layer_cold(ob, base, E):  # the host reads the router's output back first
+                now += s_sync
+                t_r = now
+                lk0 = now
+            cpu_end = now  # cpu_ov: the host's timeline from the router decision
+            if rerouting:  # the step seam: a step policy rewrites the row from the step's candidate scores
+                n_rr, displaced, changed = reroute.select(policy, steps, state, fo, t, l, base, tg)
+                if n_rr:  # the router's experts rerouted away lose their gate mass, as substituted ones do
+                    smass += displaced
+                    tok_counts[REROUTED, t] += n_rr
+                    tok_counts[FIRST_CHOICE_CHANGED, t] += changed
+                    out.tok_displaced[t] += displaced
+                    if counting:
+                        layer_counts[l, REROUTED] += n_rr
+                        layer_counts[l, FIRST_CHOICE_CHANGED] += changed
+                        out.layer_displaced[l] += displaced
+            else:
+                for r in range(k):
+                    row[r] = sel[t, l, r]
+                    row_w[r] = w[t, l, r]
+                    row_wm[r] = wm[t, l, r]
+                    row_next[r] = next_req[t, l, r]
+            if record:
+                for r in range(k):
+                    rec_sel[t, l, r] = row[r]
             if substitutes:  # a substitute may not be one of the step's selected experts
                 for r in range(k):
                     if row[r] >= 0:
                         fo[base + row[r], MARK] = step
             if ENGINE and step_pin:  # the step's hits first (in rank order), then its misses below
                 pin.mark(row, base, step, spin)
-                n_hit, now = pinned_hits(hit, prm, pool, row, next_req, t, l, base, tick0 + E, uses_next, uses_score,
+                n_hit, now = pinned_hits(hit, prm, pool, row, row_next, t, l, base, tick0 + E, uses_next, uses_score,
                                          inc, timed, s_vram, now, record, ob, fo, po, heap, outcome)
                 n_req = n_hit
                 pin.raise_hits(pin_mode, row, base, pool, ob, po, heap, spin)
@@ -186,11 +229,13 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 if e < 0:
                     continue
                 o = base + e
+                if recent:
+                    last_req[o] = tg
                 if step_pin and ob[o, RES] != 0:
                     continue  # a hit, handled above
                 tick = tick0 + E + (n_req if step_pin else r)  # --step-pin: ticks in the order handled
-                if uses_next:
-                    fo[o, NREQ] = next_req[t, l, r]
+                if uses_next and row_next[r] >= 0:  # (an expert rerouted in keeps its next router request)
+                    fo[o, NREQ] = row_next[r]
                 if uses_score:
                     fo[o, SCORE] += inc
                 n_req += 1
@@ -267,10 +312,23 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_LOWBIT
                     continue
-                if action == miss.CPU:
+                if action == miss.CPU or action == miss.HYBRID:
                     ran_cpu = True
-                    now = cpu_run(o, l, t, now, timed, tiered, ram, s_cpu_ram, s_cpu_nvme, ob, po, tok_counts,
-                                  layer_counts, counting)
+                    if cpu_ov:
+                        cpu_end = cpu_run(o, l, t, cpu_end, timed, tiered, ram, s_cpu_ram, s_cpu_nvme, ob, po,
+                                          tok_counts, layer_counts, counting)
+                    else:
+                        now = cpu_run(o, l, t, now, timed, tiered, ram, s_cpu_ram, s_cpu_nvme, ob, po, tok_counts,
+                                      layer_counts, counting)
+                    if action == miss.HYBRID and admits and ob[o, QUEUED] == 0:  # and upload it for later tokens
+                        if max_up > 0 and n_up >= max_up:
+                            tok_counts[CAPPED, t] += 1
+                            if counting:
+                                layer_counts[l, CAPPED] += 1
+                        else:
+                            n_up += 1
+                            link_free = upload(o, l, t_r if ov else now, link_free, cost, timed, ob, queue, queue_t,
+                                               qhl, tok_counts, layer_counts, t, counting)
                     if record:
                         outcome[t, l, r] = miss.OUTCOME_CPU
                     continue
@@ -283,6 +341,8 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
 
             if ENGINE and step_pin:
                 pin.restore(pin_mode, row, base, pool, ob, po, heap, spin)
+            if cpu_ov:  # the CPU experts ran beside the GPU's: the later of the two ends the experts
+                now = max(now, cpu_end)
             if timed and ran_cpu:
                 now += s_handoff
             if prefetching:

@@ -27,9 +27,11 @@ from moesim.simulator.counters import (
     S_EXPERT_VRAM,
     S_FETCH_NVME,
     S_FETCH_RAM,
+    S_ROUTER_SYNC,
     S_WRITEBACK,
 )
 from moesim.simulator.host_ram import from_nvme
+from moesim.simulator.miss_paths import layer_cold
 from moesim.simulator.reset import first_ticks, reset_state
 
 # Bound per specialization (simulator/kernels.py); the template itself is never compiled.
@@ -73,6 +75,7 @@ def replay(steps, policy, setup, state, out):
         first_ticks(steps.first_req, fo)
     s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
     s_fetch_ram, s_fetch_nvme, s_writeback = cost[S_FETCH_RAM], cost[S_FETCH_NVME], cost[S_WRITEBACK]
+    s_sync = cost[S_ROUTER_SYNC]
     now = clock[NOW]
     link_free = clock[LINK_FREE]
     prev_seq = scal[PREV_SEQ]
@@ -107,6 +110,8 @@ def replay(steps, policy, setup, state, out):
             tick = (tg * L + l) * (E + k) + E  # the ticks of the step's requests: tick + rank
             if timed:
                 now += s_dense_layer
+                if s_sync != 0.0 and layer_cold(ob, base, E):
+                    now += s_sync
             n_req = n_hit = n_fetch = n_evict = 0
             for r in range(k):
                 e = sel[t, l, r]

@@ -22,7 +22,7 @@ import functools
 import re
 from typing import NamedTuple
 
-from moesim.jitcache import compile_notice, specialize
+from moesim.jitcache import compile_notice, quiet_numba, specialize
 from moesim.policies import registry
 from moesim.policies.hooks import HIT_T, INSERT_T, REKEY_T
 from moesim.simulator import kernel_ext, kernel_plain
@@ -99,7 +99,7 @@ def ensure(variants) -> None:
         return
     from moesim.simulator.args import tiny_args
 
-    with compile_notice("the replay kernels" if len(todo) > 1 else "the replay kernel"):
+    with compile_notice("the replay kernels" if len(todo) > 1 else "the replay kernel"), quiet_numba():
         for v in todo:
             run(v, tiny_args(_policy_of(v.hook_set).name, v.family), check=False)
             _ready.add(v)

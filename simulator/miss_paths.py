@@ -28,6 +28,16 @@ from moesim.simulator.host_ram import from_nvme
 
 
 @njit(inline="always")
+def layer_cold(ob, base, E):
+    """Is some expert of the layer (objects base .. base + E - 1) not resident? Then an engine reads the router's
+    output back to the host before the step's experts (the router read-back, cost router_sync)."""
+    for e in range(E):
+        if ob[base + e, RES] == 0:
+            return True
+    return False
+
+
+@njit(inline="always")
 def sync_fetch(now, link_free, copy_end, stall, s_link, s_run):
     """A copy the step waits for: it takes the link behind what is queued there, from ``copy_end`` on (the time
     waited is stall), then the expert runs. Returns (now, link_free, copy_end, stall)."""
@@ -119,7 +129,7 @@ def admit_engine(insert, pin_mode, prm, pool, o, tick, step, n_up, max_up, step_
 
 
 @cached_njit(_nrt=False)
-def pinned_hits(hit, prm, pool, row, next_req, t, l, base, tick1, uses_next, uses_score, inc, timed, s_vram, now,
+def pinned_hits(hit, prm, pool, row, row_next, t, l, base, tick1, uses_next, uses_score, inc, timed, s_vram, now,
                 record, ob, fo, po, heap, outcome):
     """--step-pin: the step's hits, before its misses, in rank order (ticks tick1, tick1 + 1, ...), through the
     policy's ``hit`` hook. Returns (hits, now)."""
@@ -129,8 +139,8 @@ def pinned_hits(hit, prm, pool, row, next_req, t, l, base, tick1, uses_next, use
         if e < 0 or ob[base + e, RES] == 0:
             continue
         o = base + e
-        if uses_next:
-            fo[o, NREQ] = next_req[t, l, r]
+        if uses_next and row_next[r] >= 0:
+            fo[o, NREQ] = row_next[r]
         if uses_score:
             fo[o, SCORE] += inc
         hit(ob, fo, po, heap, prm, pool, o, tick1 + n, True)

@@ -16,6 +16,7 @@ class Decisions:
 
     outcome: np.ndarray     # int8 [steps, L, k]: policies.miss.OUTCOME_* (hit, fetch, substitute, drop, cpu); -1 pad
     substitute: np.ndarray  # int16 [steps, L, k]: the expert run in place of a substituted request, else -1
+    selected: np.ndarray | None = None  # int16 [steps, L, k]: the experts each position requested (rerouted or not)
 
 
 class TimedSums:
@@ -65,6 +66,7 @@ def _rates(c: dict, req: int, steps: int) -> dict:
         "substitution_rate": c["substitutions"] / req if req else float("nan"),
         "drop_rate": c["drops"] / req if req else float("nan"),
         "mass_per_step": c["mass"] / steps if steps else float("nan"),
+        "displaced_mass_per_step": c.get("displaced_mass", 0.0) / steps if steps else float("nan"),
     }
 
 
@@ -91,6 +93,8 @@ class SimResult:
     decisions: Decisions | None = None
     extra: dict = field(default_factory=dict)
     sums: TimedSums | None = None  # a streamed replay's timing sums (its per-token series may be empty)
+    displaced: np.ndarray | None = None        # [L] float64: the router's gate mass rerouted away (counted tokens)
+    token_displaced: np.ndarray | None = None  # [steps] float64: ... per step
 
     def attach_timing(self, cost, ram_cap: int | None = None) -> None:
         """Seconds per token and bytes moved, from the kernel's clock and counters."""
@@ -139,6 +143,7 @@ class SimResult:
     def totals(self) -> dict:
         c: dict[str, float] = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts.sum(axis=0))}
         c["mass"] = float(self.mass.sum())
+        c["displaced_mass"] = float(self.displaced.sum()) if self.displaced is not None else 0.0
         steps = self.counted_tokens * len(self.layer_ids)
         return {**c, **rates(c, steps)}
 
@@ -147,6 +152,7 @@ class SimResult:
         for i, layer in enumerate(self.layer_ids):
             c: dict[str, float] = {name: int(v) for name, v in zip(COUNTER_NAMES, self.counts[i])}
             c["mass"] = float(self.mass[i])
+            c["displaced_mass"] = float(self.displaced[i]) if self.displaced is not None else 0.0
             rows.append({"layer": int(layer), **c, **rates(c, self.counted_tokens)})
         return rows
 

@@ -18,6 +18,7 @@ from moesim.simulator.args import variant_of
 from moesim.simulator.bootstrap import CI
 from moesim.simulator.rotation import warm_unit_sums
 from moesim.simulator.units import replay_units
+from moesim.traces.routing import STEP_ARRAYS, TOKEN_ARRAYS
 from moesim.traces.stream import DecodedStore
 
 EXECUTORS = ("local", "ray")
@@ -97,7 +98,7 @@ def _forked(tasks, jobs: int):
 
 
 _RAY_TRACES: dict = {}  # per Ray worker process: object ref -> the trace, its arrays in the node's object store
-_ROUTING_ARRAYS = ("seq", "pos", "phase", "domain", "token", "sel", "w", "cand")
+_ROUTING_ARRAYS = TOKEN_ARRAYS + STEP_ARRAYS  # a Routing's arrays (None where it has no such data)
 
 
 class _Writable:

@@ -65,12 +65,18 @@ _AXIS_KEYS = {
     "hw": "hws",
     "quant": "quants",
     "prefetch": "prefetches", "prefetches": "prefetches",
+    "reroute": "reroutes", "reroutes": "reroutes",
 }
 _SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence", "prefetch_depth",
+                "reroute_pool", "reroute_resident", "reroute_weights",
                 "overlap", "step_pin", "max_uploads", "lowbit_share", "lowbit_quant", "context", "speculative",
                 "accept")
 # Prefetch variants of the default grid (eviction, prefetch), under fetch-all; belady + oracle is the bound.
 PREFETCH_VARIANTS = (("lru", "oracle"), ("lru", "next-layer"), ("belady", "oracle"))
+# Rerouting variants of the default grid (eviction, reroute), under fetch-all: the second study's training-free
+# rerouting and the engines' cache priors (docs/replay-semantics.md, "Rerouting"); added when the trace keeps
+# candidate scores.
+REROUTE_VARIANTS = tuple((e, r) for e in ("lru", "freq") for r in ("bias:0.1", "bias:0.25", "bias:0.5", "keep:2"))
 LOWER_BOUND = ("belady", "fetch-all", "oracle")
 # The engine profile each named preset is priced with (others: the grid's engine, default ideal).
 PRESET_ENGINES = {"llama.cpp": "llama.cpp"}
@@ -108,6 +114,11 @@ class Grid:
     prefetch_train: str | None = None
     overlap: str | None = None  # None: each engine profile's
     baseline: str = DEFAULT_BASELINE  # the speed-up reference, added to every group
+    reroutes: list[str | None] | None = None  # None: no rerouting, plus REROUTE_VARIANTS when presets are added
+    reroute_pool: int | None = None
+    reroute_resident: str = "cache"
+    reroute_weights: str = "original"
+    scored: bool = True  # the traces keep candidate scores (the default grid's reroute rows need them)
 
     def override(self, **axes) -> Grid:
         """Command-line flags replace whole axes (None or an empty tuple: keep the file's)."""
@@ -182,7 +193,8 @@ def baseline_of(config: SimConfig, spec: str = DEFAULT_BASELINE) -> SimConfig:
     prefetch): its speed-up reference."""
     ev, miss, admit = baseline_policy(spec)
     return canonical(dataclasses.replace(config, eviction=ev, miss=miss, admit=admit, prefetch="none",
-                                         prefetch_depth=1, prefetch_train=None,
+                                         prefetch_depth=1, prefetch_train=None, reroute=None, reroute_pool=None,
+                                         reroute_resident="cache", reroute_weights="original",
                                          step_pin=config.step_pin and eviction_pins(ev)))
 
 
@@ -232,21 +244,25 @@ def expand(config_axes: Grid) -> list[Planned]:
         cfg = canonical(cfg)
         out.setdefault((cfg.key(), hw, quant), Planned(cfg, hw, quant))
 
-    def make(size, allocation, batch, eviction, miss, admit, prefetch="none") -> SimConfig:
+    def make(size, allocation, batch, eviction, miss, admit, prefetch="none", reroute=None) -> SimConfig:
         kind, value = size
         pf = {} if prefetch == "none" else {"prefetch": prefetch, "prefetch_depth": g.prefetch_depth,
                                             "prefetch_train": g.prefetch_train if prefetch == "next-layer" else None}
+        rr = {} if reroute is None else {"reroute": reroute, "reroute_pool": g.reroute_pool,
+                                         "reroute_resident": g.reroute_resident, "reroute_weights": g.reroute_weights}
         return SimConfig(eviction=eviction, miss=miss, admit=admit, allocation=allocation, batch=batch,
                          warm=g.warm, warmup_tokens=g.warmup_tokens, reset_per_sequence=g.reset_per_sequence,
                          overlap=g.overlap, step_pin=g.step_pin and eviction_pins(eviction), max_uploads=g.max_uploads,
                          lowbit_share=g.lowbit_share, lowbit_quant=tier_quant(g, miss), speculative=g.speculative,
-                         accept=g.accept, **pf, **{kind: value})
+                         accept=g.accept, **pf, **rr, **{kind: value})
 
     prefetches = ["none"] if g.prefetches is None else list(g.prefetches)
+    reroutes = [None] if g.reroutes is None else list(g.reroutes)
 
     for hw, quant, size, allocation, batch in itertools.product(g.hws, g.quants, sizes, g.allocations, g.batches):
-        for eviction, miss, admit, prefetch in itertools.product(evictions, misses, admits, prefetches):
-            cfg = make(size, allocation, batch, eviction, miss, admit, prefetch)
+        for eviction, miss, admit, prefetch, reroute in itertools.product(evictions, misses, admits, prefetches,
+                                                                          reroutes):
+            cfg = make(size, allocation, batch, eviction, miss, admit, prefetch, reroute)
             if g.misses is None and never_cached(cfg):
                 if cfg.miss == "substitute":
                     continue  # drops every expert: not a policy anyone runs (explicit --miss keeps it)
@@ -258,6 +274,8 @@ def expand(config_axes: Grid) -> list[Planned]:
         variants = g.presets and g.prefetches is None and g.evictions is None and g.misses is None
         for eviction, prefetch in PREFETCH_VARIANTS if variants else ():
             add(make(size, allocation, batch, eviction, "fetch-all", None, prefetch), hw, quant)
+        for eviction, reroute in REROUTE_VARIANTS if variants and g.reroutes is None and g.scored else ():
+            add(make(size, allocation, batch, eviction, "fetch-all", None, reroute=reroute), hw, quant)
         add(baseline_of(make(size, allocation, batch, "lru", "fetch-all", None), g.baseline), hw, quant)
     return list(out.values())
 
@@ -355,6 +373,17 @@ def axis(name: str, values) -> list:
         for n in names:
             prefetch_mod.get(n)
         return names
+    if name == "reroutes":
+        from moesim.policies import reroute as reroute_mod
+
+        if isinstance(values, (list, tuple)):
+            values = [x for v in values for x in (v.split(",") if isinstance(v, str) else [v])]
+        out: list[str | None] = []
+        for v in _strings(values, "reroute"):
+            out.append(None if v == "none" else v)
+            if v != "none":
+                reroute_mod.parse_reroute(v)
+        return out
     return _strings(values, name)
 
 
@@ -410,7 +439,8 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                       reset_per_sequence=None, hws=None, model=None, quants=None, engine=None,
                       presets=True, baseline=None, prefetches=None, prefetch_depth=None, prefetch_train=None,
                       overlap=None, step_pin=None, max_uploads=None, lowbit_share=None, lowbit_quant=None,
-                      context=None, speculative=None, accept=None) -> Grid:
+                      context=None, speculative=None, accept=None, reroutes=None, reroute_pool=None,
+                      reroute_resident=None, reroute_weights=None) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -439,4 +469,5 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          baseline=baseline, prefetches=ax("prefetches", prefetches), prefetch_depth=prefetch_depth,
                          prefetch_train=prefetch_train, overlap=overlap, step_pin=step_pin, max_uploads=max_uploads,
                          lowbit_share=lowbit_share, lowbit_quant=lowbit_quant, context=context,
-                         speculative=speculative, accept=accept)
+                         speculative=speculative, accept=accept, reroutes=ax("reroutes", reroutes),
+                         reroute_pool=reroute_pool, reroute_resident=reroute_resident, reroute_weights=reroute_weights)

@@ -39,8 +39,11 @@ def _num(x) -> float:
     return float("nan") if x is None else float(x)
 
 
-def keeps_first_choice(miss: str) -> bool:
-    """The miss policy always runs the router's first choice (never substitutes or drops rank 0)."""
+def keeps_first_choice(miss: str, reroute: str | None = None) -> bool:
+    """The policy always runs the router's first choice: its miss policy never substitutes or drops rank 0, and no
+    reroute may replace it (bias:λ can; keep:J with J >= 1 keeps it)."""
+    if reroute and reroute != "none" and not (reroute.startswith("keep:") and float(reroute.partition(":")[2]) >= 1):
+        return False
     return miss_mod.get(miss_mod.parse_miss(miss)[0]).keeps_first
 
 
@@ -63,7 +66,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
 
 def _baseline_row(members: list[dict], policy: tuple) -> dict | None:
     found = [r for r in members if (r["eviction"], r["miss"], r["admit"]) == policy and r["s_per_token"] is not None
-             and r.get("prefetch") in (None, "none")]  # the baseline never prefetches
+             and r.get("prefetch") in (None, "none") and r.get("reroute") in (None, "none")]  # nor reroutes
     # one per group unless a results file mixes engine profiles for the same config: take a stable one
     return min(found, key=lambda r: r["row_key"]) if found else None
 
@@ -82,7 +85,7 @@ def annotate(df, baseline: str = DEFAULT_BASELINE, rank_by: str = "class"):
     rows = df.to_dicts()
     groups: dict[str, list[dict]] = {}
     for r in rows:
-        r["keeps_first_choice"] = keeps_first_choice(r["miss"])
+        r["keeps_first_choice"] = keeps_first_choice(r["miss"], r.get("reroute"))
         groups.setdefault(r["group_key"], []).append(r)
     for members in groups.values():
         priced = all(r["priced"] for r in members)

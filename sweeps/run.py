@@ -54,7 +54,7 @@ def cost_key(cost) -> str:
 
 def preset_names(config: SimConfig) -> str:
     """The named presets this config is (its eviction, miss and admission match)."""
-    names = [n for n, p in PRESETS.items() if config.prefetch == "none"
+    names = [n for n, p in PRESETS.items() if config.prefetch == "none" and config.reroute is None
              and (config.eviction, config.miss, config.admit) == (p["eviction"], p["miss"], p["admit"])]
     return ",".join(names)
 
@@ -65,6 +65,8 @@ def policy_label(config: SimConfig) -> str:
     parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
     if config.prefetch != "none":
         parts.append(config.prefetch_label())
+    if config.reroute is not None:
+        parts.append(config.reroute_label())
     return " / ".join(parts)
 
 
@@ -85,6 +87,8 @@ def group_key(digest: str, ck: str, config: SimConfig) -> str:
 def check_config(config: SimConfig, routing) -> None:
     """Fail before any replay starts on a config this trace cannot replay."""
     config.slots_per_layer(routing.n_experts)
+    if config.reroute is not None and not routing.meta.has_scores:
+        raise MoesimError(f"--reroute {config.reroute} needs the candidates' scores, which this trace does not keep")
     # a depth past the last layer predicts nothing (docs/replay-semantics.md): asked for, it is a mistake; the
     # default depth 1 stays valid on a one-layer trace (the default grid's prefetch rows)
     if config.prefetch != "none" and 1 < config.prefetch_depth >= routing.n_layers:
@@ -133,7 +137,9 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
         "prefetch": cfg.prefetch, "prefetch_depth": cfg.prefetch_depth,
         "overlap": cfg.overlap or (cost.overlap if cost is not None else "none"),
         "step_pin": cfg.step_pin, "max_uploads": cfg.max_uploads, "lowbit_share": cfg.lowbit_share,
-        "lowbit_quant": cfg.lowbit_quant,
+        "lowbit_quant": cfg.lowbit_quant, "reroute": cfg.reroute or "none", "reroute_pool": cfg.reroute_pool,
+        "reroute_resident": cfg.reroute_resident if cfg.reroute else None,
+        "reroute_weights": cfg.reroute_weights if cfg.reroute else None,
         "priced": cost is not None, "priced_as": note,
         "hw": cost.hw if cost is not None else (hw or ""),
         "model": cost.model if cost is not None else (model or ""),
@@ -213,8 +219,9 @@ def plan(entries: list[TraceEntry], grid: Grid):
     """(tasks, costs, cost_info, notes): every (trace, config, cost) of the sweep, deduplicated.
 
     Without a quantization, each (trace, machine) is priced at the one chosen for the largest cache the
-    grid replays there (costmodel/pricing.py): one model file per machine, whatever the cache size."""
-    planned = expand(grid)
+    grid replays there (costmodel/pricing.py): one model file per machine, whatever the cache size. The default
+    grid's rerouting rows are left out unless every trace keeps candidate scores."""
+    planned = expand(dataclasses.replace(grid, scored=all(e.meta.has_scores for e in entries)))
     E = {ti: e.meta.n_experts for ti, e in enumerate(entries)}
     largest: dict[tuple, int] = {}
     for ti, entry in enumerate(entries):

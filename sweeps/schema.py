@@ -18,12 +18,14 @@ ROW_SCHEMA: dict[str, str] = {
     "allocation": "str", "warm": "bool", "warmup_tokens": "i64", "reset_per_sequence": "bool", "batch": "i64",
     "prefetch": "str", "prefetch_depth": "i64", "overlap": "str",
     "step_pin": "bool", "max_uploads": "i64", "lowbit_share": "f64", "lowbit_quant": "str",
+    "reroute": "str", "reroute_pool": "i64", "reroute_resident": "str", "reroute_weights": "str",
     "priced": "bool", "priced_as": "str", "hw": "str", "model": "str", "quant": "str", "engine": "str",
     "quant_choice": "str",
     "counted_tokens": "i64",
     **{name: "i64" for name in COUNTER_NAMES},
     "mass": "f64", "hit_rate": "f64", "miss_rate": "f64", "substitution_rate": "f64", "drop_rate": "f64",
-    "mass_per_step": "f64", **{name: "f64" for name in PREFETCH_RATES},
+    "mass_per_step": "f64", "displaced_mass": "f64", "displaced_mass_per_step": "f64",
+    **{name: "f64" for name in PREFETCH_RATES},
     "s_per_token": "f64", "ms_per_token": "f64", "tok_per_s": "f64", "stall_per_token": "f64",
     "gb_per_token_sync": "f64", "gb_per_token_background": "f64", "gb_per_token_nvme": "f64",
     "gb_per_token_cpu": "f64", "gb_per_token_vram_experts": "f64", "gb_per_token_prefetch": "f64",
@@ -43,8 +45,9 @@ ROW_SCHEMA: dict[str, str] = {
 }
 LAYER_SCHEMA: dict[str, str] = {
     "row_key": "str", "trace_digest": "str", "config_key": "str", "cost_key": "str", "label": "str",
-    "layer": "i64", **{name: "i64" for name in COUNTER_NAMES}, "mass": "f64",
+    "layer": "i64", **{name: "i64" for name in COUNTER_NAMES}, "mass": "f64", "displaced_mass": "f64",
     "hit_rate": "f64", "miss_rate": "f64", "substitution_rate": "f64", "drop_rate": "f64", "mass_per_step": "f64",
+    "displaced_mass_per_step": "f64",
     **{name: "f64" for name in PREFETCH_RATES},
 }
 

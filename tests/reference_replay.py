@@ -16,7 +16,7 @@ from reference_policies import NOT_ADMITTED, make_policy
 COUNTERS = ("requests", "hits", "misses", "fetches", "substitutions", "drops", "cpu", "admissions",
             "first_choice_substitutions", "evictions", "fetches_nvme", "cpu_nvme", "copies", "copies_nvme",
             "prefetches", "prefetch_used", "prefetch_late", "prefetches_nvme", "lowbit", "capped", "pin_full",
-            "lowbit_tier")
+            "lowbit_tier", "rerouted", "first_choice_changed")
 COST_KEYS = ("dense_layer", "vram", "fetch_ram", "fetch_nvme", "cpu_ram", "cpu_nvme", "copy_ram", "copy_nvme",
              "cpu_handoff", "writeback", "fetch_lowbit", "lowbit_vram", "router_sync")
 
@@ -31,7 +31,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                      half_life=None, static_prefix=None, cost=None, ram_cap=None, ram_warm=(), wm=None,
                      params=None, decisions=None, overlap="none", prefetch="none", prefetch_depth=1,
                      prefetch_train=None, lookahead=None, step_pin=False, max_uploads=None, lowbit_tier=0,
-                     cpu_overlap=False):
+                     cpu_overlap=False, reroute=None, reroute_pool=None, reroute_resident="cache",
+                     reroute_weights="original", logits=None, gating="softmax", selection_bias=None, rows=None):
     """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
@@ -60,7 +61,14 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     background: a copy from host RAM (copy_ram) queued on the link at the issue time, admitted when it lands as
     --admit's copies are; with ``max_uploads`` at most that many uploads per step (the rest: capped). With
     ``cpu_overlap`` (``overlap="none"`` only) a step's CPU experts run on the host from its router decision while the
-    GPU runs its other experts: the step's experts end at the later of the two, then the hand-off is added."""
+    GPU runs its other experts: the step's experts end at the later of the two, then the hand-off is added.
+
+    Rerouting (docs/replay-semantics.md, "Rerouting"): ``reroute`` = ("bias", λ) or ("keep", J) rewrites each step's
+    selection before its requests from the candidates' ``logits`` [T, L, M] (aligned with ``cand``; ``gating`` and
+    ``selection_bias`` [L][E] give their selection scores), over the first ``reroute_pool`` candidates, residency
+    ``reroute_resident`` ("cache" or "recent:W"), weights ``reroute_weights`` ("original" or "biased"); counters
+    rerouted and first_choice_changed, and "displaced" (mass) per layer and per token; ``rows``: a dict filled with
+    {(t, l): the step's row of expert ids}."""
     assert not (cpu_overlap and overlap != "none"), "cpu_overlap is defined for overlap none"
     wm = w if wm is None else wm
     decisions = {} if decisions is None else decisions
@@ -136,18 +144,29 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         else:
             tier = {o for l in range(L) for o in _top({x: c for x, c in ranked.items() if x[0] == l}, lowbit_tier)}
 
-    layer = {l: dict.fromkeys(COUNTERS, 0) | {"mass": 0.0} for l in range(L)}
-    per_token = [dict.fromkeys(COUNTERS, 0) | {"mass": 0.0, "seconds": 0.0, "stall": 0.0} for _ in range(T)]
+    layer = {l: dict.fromkeys(COUNTERS, 0) | {"mass": 0.0, "displaced": 0.0} for l in range(L)}
+    per_token = [dict.fromkeys(COUNTERS, 0) | {"mass": 0.0, "displaced": 0.0, "seconds": 0.0, "stall": 0.0}
+                 for _ in range(T)]
+    row_of = {} if rows is None else rows
 
     state = {}
     pinning = eviction.startswith("static")
-    cur = {"now": (0, 0, -1)}  # the request Belady looks ahead from
+    cur = {"now": (0, 0, -1), "router": {}, "rowpos": None}  # where Belady looks ahead from (next_use)
+
+    def next_use(o):
+        """Belady's next request of o: the router's requests. One the router made at the current step is pending
+        until o's position in the step's row is handled (at a step's start, before its row exists, all are)."""
+        t_, l_, r_ = cur["now"]
+        rank = cur["router"].get(o)
+        if rank is not None and (cur["rowpos"] is None or cur["rowpos"].get(o, -1) > r_):
+            return (t_, l_, rank)
+        return next_request(o, (t_, l_, k))
 
     def reset(t):
         state["score"] = dict.fromkeys(objs, 0.0)
         state["policy"] = {} if pinning else {
             p: make_policy(eviction, cap[p], params, score=state["score"],
-                           next_use=lambda o: next_request(o, cur["now"]),
+                           next_use=next_use,
                            token=lambda stamp: stamp[0] // L if stamp[0] >= 0 else -1) for p in cap}
         state["acc"] = dict.fromkeys(objs, 0.0)
         state["pending"] = {l: [] for l in range(L)}  # (object, completion time), in link order
@@ -156,6 +175,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         state["ram"] = list(ram_warm)  # least recently used first
         state["decay_base"] = t
         state["clock"] = 0
+        state["last_req"] = {}  # --reroute-resident recent:W: the token each expert was last requested at
         if warm and not pinning:
             order = list(reversed(most_requested(request_counts(T))))
             if allocation == "per-layer":
@@ -251,6 +271,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             arrivals, arrivals_own, waited = [], [], 0  # overlap: the step's link-dependent experts
             link_own = clock["now"]  # the link carrying only the step's own fetches (stall)
             queue = state["pending"][l]
+            cur["router"] = {(l, int(sel[t, l, r])): r for r in range(k) if sel[t, l, r] >= 0}
+            cur["rowpos"] = None
             i = 0
             while queue and queue[0][1] <= clock["now"]:
                 o, _ = queue.pop(0)
@@ -271,11 +293,32 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 clock["router"] = clock["now"]
                 link_own = clock["now"]
             cpu_end = clock["now"]  # cpu_overlap: the host's own timeline from the router decision
-            selected = {(l, int(e)) for e in sel[t, l] if e >= 0}
+            srow, wrow, wmrow = [int(e) for e in sel[t, l]], [float(x) for x in w[t, l]], [float(x) for x in wm[t, l]]
+            if reroute is not None:
+                if reroute_resident.startswith("recent:"):
+                    window = int(reroute_resident[len("recent:"):])
+                    recent = {e for (ll, e), tt in state["last_req"].items() if ll == l and tt >= t - window}
+                else:
+                    recent = {e for e in range(E) if resident((l, e))}
+                new = _rerouted_row(srow, cand[t, l], logits[t, l], recent.__contains__, reroute, reroute_pool,
+                                    reroute_weights, gating, None if selection_bias is None else selection_bias[l])
+                if new is not None:
+                    new_ids, new_w = new
+                    moved_in = [e for e in new_ids if e not in srow]
+                    away = sum(wr_ for e, wr_ in zip(srow, wrow) if e not in new_ids)
+                    for d in (c, tc):
+                        d["rerouted"] += len(moved_in)
+                        d["first_choice_changed"] += int(new_ids[0] != srow[0])
+                        d["displaced"] = d.get("displaced", 0.0) + away  # (a warm-up layer's dict is a scratch one)
+                        d["mass"] += away  # the gate mass of the experts rerouted away is lost, as a substitute's
+                    srow, wrow, wmrow = new_ids, new_w, list(new_w)
+            cur["rowpos"] = {(l, e): r for r, e in enumerate(srow) if e >= 0}
+            row_of[(t, l)] = list(srow)
+            selected = {(l, e) for e in srow if e >= 0}
             ran_as_substitute = set()
             cpu_before = c["cpu"]
-            ranks = [r for r in range(k) if sel[t, l, r] >= 0]
-            hits = [r for r in ranks if resident((l, int(sel[t, l, r])))]
+            ranks = [r for r in range(k) if srow[r] >= 0]
+            hits = [r for r in ranks if resident((l, srow[r]))]
             if step_pin:  # the step's hits first, then its misses
                 ranks = hits + [r for r in ranks if r not in hits]
             copy_end = clock["now"]
@@ -283,9 +326,10 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             for pos, r in enumerate(ranks):
                 if step_pin and pos == len(hits):
                     copy_end = clock["now"]  # the misses' copies start together, after the hits ran
-                o = (l, int(sel[t, l, r]))
-                wr = float(w[t, l, r])
+                o = (l, srow[r])
+                wr = wrow[r]
                 now = (t, l, r)
+                state["last_req"][o] = t
                 stamp = (t * L + l, 1, pos if step_pin else r)
                 state["score"][o] += inc
                 c["requests"] += 1
@@ -430,8 +474,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 else:
                     c["drops"] += 1
                     tc["drops"] += 1
-                c["mass"] += float(wm[t, l, r])
-                tc["mass"] += float(wm[t, l, r])
+                c["mass"] += wmrow[r]
+                tc["mass"] += wmrow[r]
                 if r == 0:
                     c["first_choice_substitutions"] += 1
                     tc["first_choice_substitutions"] += 1
@@ -465,6 +509,47 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 clock["now"] = end
         tc["seconds"] = clock["now"] - t_start
     return layer, per_token
+
+
+def _rerouted_row(router, cand, logits, resident, rule, pool, weights, gating, bias):
+    """A step's rerouted row (expert ids in rank order, their gate weights), or None when rerouting leaves its set of
+    experts as the router chose it. ``router``: the router's ids in rank order (the top k of the candidates);
+    ``cand``/``logits``: the candidates in candidate order and their logits; ``resident(e)``: e counts as resident;
+    ``rule``: ("bias", λ) or ("keep", J); ``pool``: candidates considered (None: all)."""
+    k = len(router)
+    P = len(cand) if pool is None else pool
+    ids = [int(e) for e in cand[:P]]
+    x = [float(v) for v in logits[:P]]
+    if gating == "sigmoid":  # the selection score, float32 as the replay keeps it
+        s = [float(np.float32(1.0 / (1.0 + math.exp(-v)) + (0.0 if bias is None else float(bias[e]))))
+             for v, e in zip(x, ids)]
+    else:
+        s = x
+    res = [1.0 if resident(e) else 0.0 for e in ids]
+    name, value = rule
+    lam_r = value * (max(s) - min(s)) if name == "bias" else 0.0
+    if name == "bias":
+        chosen = sorted(range(P), key=lambda j: (-(s[j] + lam_r * res[j]), j))[:k]
+    else:
+        chosen = [ids.index(router[r]) for r in range(int(value))]
+        rest = [j for j in range(P) if j not in chosen]
+        chosen += ([j for j in rest if res[j]] + [j for j in rest if not res[j]])[:k - len(chosen)]
+    if set(chosen) == set(range(k)):
+        return None
+    chosen.sort()
+    bias_w = lam_r if weights == "biased" and name == "bias" else 0.0
+    if gating == "sigmoid":
+        vals = [1.0 / (1.0 + math.exp(-x[j])) + bias_w * res[j] for j in chosen]
+    else:
+        vals = [x[j] + bias_w * res[j] for j in chosen]
+        top = max(vals)
+        vals = [math.exp(v - top) for v in vals]
+    total = 0.0
+    for v in vals:  # in candidate order, as the kernel sums
+        total += v
+    wts = [v / total for v in vals]
+    order = sorted(range(k), key=lambda q: (-wts[q], q))
+    return [ids[chosen[q]] for q in order], [float(np.float32(wts[q])) for q in order]
 
 
 def _successors(train, E, depth):

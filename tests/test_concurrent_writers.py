@@ -39,7 +39,7 @@ def test_two_sweeps_with_different_grids_keep_all_rows(trace, tmp_path):
     assert [p.returncode for p in procs] == [0, 0], [r[1] for r in results]
     totals = [_counts(err)[0] for _, err in results]
     rows = pl.read_parquet(out)
-    assert rows.height == sum(totals) == 3 * 40  # 40 configs per budget (the default grid)
+    assert rows.height == sum(totals) == 3 * 48  # 48 configs per budget (the default grid on a trace with scores)
     assert rows["row_key"].n_unique() == rows.height
     assert set(pl.read_parquet(layers_path(out))["row_key"]) == set(rows["row_key"])
     # rerunning either grid computes nothing: every row of both is in the file

@@ -172,10 +172,6 @@ def test_synthetic_lookahead_column(tmp_path):
     np.testing.assert_array_equal(plain.sel, r.sel)  # the column leaves the routing alone
 
 
-def test_generator_1_has_no_coupling(tmp_path):
-    from moesim.traces import TraceFile
-
-    p = synthesize("olmoe-1b-7b", 50, path=tmp_path / "g1.parquet", generator=1)
-    assert TraceFile(p).meta.source["knobs"]["couple"] == 0.0
+def test_coupling_knob_is_a_probability(tmp_path):
     with pytest.raises(MoesimError, match="couple must be"):
         synthesize("olmoe-1b-7b", 50, path=tmp_path / "x.parquet", knobs=PRESETS["olmoe-1b-7b"].replace(couple=1.5))

@@ -1,7 +1,8 @@
-"""The compact ranked layout (schema version 2): the same routing in the old and the new encoding
-decodes to the same arrays and replays to identical counters, seconds and decisions, for policies
-that read the candidates (substitution) and the weights (threshold); the move-to-front state is
-per row group; damaged codes are caught; v1 traces are read as before."""
+"""The compact ranked layout (schema version 3): the same routing in the sparse, dense and ranked
+encodings decodes to the same arrays, the candidates' logits included, bit for bit, and replays to
+identical counters, seconds and decisions, for policies that read the candidates (substitution) and the
+weights (threshold); the writer and the reader check ids and rank order; v1 traces are read as before
+(version 2: tests/test_format_ranked_v2.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from moesim.traces.compact import compact_trace
 from moesim.traces.routing import validate_trace
 from moesim.traces.synthetic import synthesize
 
-ARRAYS = ("sel", "w", "cand", "seq", "pos", "phase", "domain")
+ARRAYS = ("sel", "w", "cand", "logits", "seq", "pos", "phase", "domain")
 # every miss policy that reads candidates or weights, evictions of each kind, background admission
 CONFIGS = [
     dict(eviction="lru", miss="fetch-all"), dict(eviction="lfu", miss="threshold:0.15"),
@@ -34,6 +35,9 @@ CONFIGS = [
 def assert_same_routing(a, b):
     for name in ARRAYS:
         x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+            continue
         assert x.dtype == y.dtype and np.array_equal(x, y), name
     assert a.domain_names == b.domain_names
 
@@ -54,8 +58,8 @@ def assert_same_replays(a, b, budget):
 @pytest.mark.parametrize("preset", ["qwen3-30b-a3b", "qwen3-next-80b-a3b", "deepseek-v3", "gpt-oss-120b"])
 def test_synthetic_sparse_and_ranked_replay_identically(tmp_path, preset):
     """synth's full sparse layout, its default ranked layout, and the sparse file converted by
-    compact_trace: same arrays, same counters (E = 512 uses two-byte codes; DeepSeek-V3 stores
-    selected and weights; the others gate gaps)."""
+    compact_trace: same arrays, same counters (E = 512 uses two-byte ids; DeepSeek-V3 stores
+    selected and weights)."""
     sparse = synthesize(preset, 120, seqs=3, seed=11, path=tmp_path / "s.parquet", layout="sparse")
     ranked = synthesize(preset, 120, seqs=3, seed=11, path=tmp_path / "r.parquet")
     converted = compact_trace(sparse, tmp_path / "c.parquet", row_group_size=1000)
@@ -64,7 +68,8 @@ def test_synthetic_sparse_and_ranked_replay_identically(tmp_path, preset):
     assert_same_routing(a, b)
     assert_same_routing(a, c)
     assert_same_replays(a, c, budget=0.125)
-    assert ranked.stat().st_size < 0.75 * sparse.stat().st_size
+    assert a.logits is not None
+    assert ranked.stat().st_size < 0.95 * sparse.stat().st_size
 
 
 def test_shipped_trace_equals_its_sparse_twin(shipped_trace, tmp_path):
@@ -78,16 +83,16 @@ def test_shipped_trace_equals_its_sparse_twin(shipped_trace, tmp_path):
 
 @pytest.mark.parametrize("kind", ["logits", "selected", "weights", "dense"])
 def test_real_valued_logits_convert_exactly(tmp_path, kind):
-    """Arbitrary float32 logits (no grid) go as float32 gate logits; a selected column as selected +
-    the selected experts' logits; stored weights stay weights."""
+    """Arbitrary float32 logits; a selected column stays (the decode looks the selected experts' logits
+    up among the candidates); stored weights stay weights."""
     layout = "dense" if kind == "dense" else "sparse"
     src = tmp_path / "v1.parquet"
     write_trace(src, layout, domain=True, token=True, selected=kind in ("selected", "weights"),
                 weights=kind == "weights", row_group_size=17, shuffle=True)
     out = compact_trace(src, tmp_path / "c.parquet", row_group_size=13)
     tf = TraceFile(out)
-    assert tf.meta.logit_scale is None and tf.meta.schema_version == 2
-    assert ("gate_logits" in tf.columns) == (kind != "weights")
+    assert tf.meta.schema_version == 3 and tf.meta.has_scores and "ranked_logits" in tf.columns
+    assert ("selected" in tf.columns) == (kind in ("selected", "weights"))
     a, b = load_routing(src), load_routing(out)
     assert_same_routing(a, b)
     np.testing.assert_array_equal(a.token, b.token)
@@ -103,7 +108,30 @@ def test_rank_order_imports_keep_their_stored_order(tmp_path):
     src = import_fiddler([FIXTURES / "fiddler_passes.json"], tmp_path / "f.parquet").path
     out = compact_trace(src, tmp_path / "c.parquet")
     assert TraceFile(out).meta.tie_order == "stored"
-    assert_same_routing(load_routing(src), load_routing(out))
+    assert not TraceFile(src).meta.has_scores and not TraceFile(out).meta.has_scores
+    a, b = load_routing(src), load_routing(out)
+    assert a.logits is None and not b.has_scores  # placeholder scores: no candidate scores
+    assert_same_routing(a, b)
+
+
+def test_old_selected_only_imports_are_found_by_their_placeholder_scores(tmp_path):
+    """A selected-only import written before the ``scores`` field (tie order stored, all scores equal)
+    decodes without logits, and compact marks its output ``scores: false``."""
+    from conftest import FIXTURES
+
+    from moesim.traces.importers.fiddler import import_fiddler
+
+    src = import_fiddler([FIXTURES / "fiddler_passes.json"], tmp_path / "f.parquet").path
+    tf = TraceFile(src)
+    old = tmp_path / "old.parquet"
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(src)
+    meta = tf.meta.replace(scores=True)  # as written before the field existed
+    pq.write_table(t.replace_schema_metadata({b"moesim": meta.to_json().encode()}), old)
+    assert TraceFile(old).meta.has_scores
+    assert load_routing(old).logits is None
+    assert not TraceFile(compact_trace(old, tmp_path / "c.parquet")).meta.scores
 
 
 def test_real_flame_routing_converts_exactly(flame_dir, tmp_path):
@@ -122,143 +150,150 @@ def _ranked_meta(E, M, L=3, k=2, **kw):
                      layout="ranked", n_candidates=M, **kw)
 
 
-@pytest.mark.parametrize("E,M", [(9, 9), (40, 7), (64, 64), (65, 20), (128, 32), (300, 12)])
-def test_move_to_front_round_trip_across_row_groups_and_batches(tmp_path, monkeypatch, E, M):
-    """Random ranked lists (some rows repeat the last one of their layer), small row groups, and
-    batches smaller than a row group: the state restarts per row group and carries across batches."""
-    with seeded_rng("mtf", E, M) as rng:
+def _ranked_rows(rng, n, E, M):
+    """Random ranked rows: M distinct ids, logits descending, equal logits lower id first."""
+    ids = np.array([rng.permutation(E)[:M] for _ in range(n)])
+    x = rng.integers(-40, 40, size=(n, M)).astype(np.float32) / 4  # coarse: ties happen
+    order = np.lexsort((ids, -x), axis=1)
+    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(x, order, axis=1)
+
+
+@pytest.mark.parametrize("E,M", [(9, 9), (40, 7), (256, 20), (257, 12), (600, 30)])
+def test_round_trip_across_row_groups_and_batches(tmp_path, monkeypatch, E, M):
+    """Ranked ids (one byte up to 256 experts, two above) and logits round trip through small row groups and
+    batches smaller than a row group; the file does not depend on how the rows were split into writes."""
+    with seeded_rng("ranked v3", E, M) as rng:
         L, n = 3, 201
-        ids = np.array([rng.permutation(E)[:M] for _ in range(n)])
-        for i in rng.choice(np.arange(L, n), 40, replace=False):
-            ids[i] = ids[i - L]
-        logits = -np.sort(rng.integers(0, 50, size=(n, 2)), axis=1).astype(np.float32)
-        meta = _ranked_meta(E, M, L)
-        with TraceWriter(tmp_path / "t.parquet", meta, row_group_size=23) as w:
-            for part in np.array_split(np.arange(n), 7):
-                w.write(seq=np.zeros(len(part), int), pos=part // L, layer=part % L, ranked_ids=ids[part],
-                        gate_logits=logits[part])
-        tf = TraceFile(tmp_path / "t.parquet")
-        assert tf.num_row_groups == -(-n // 23)
-        monkeypatch.setattr(TraceFile, "batch_rows", 5)
-        r = load_routing(tf)
-        np.testing.assert_array_equal(r.cand.reshape(n, M), ids)
-        np.testing.assert_array_equal(np.sort(r.sel.reshape(n, 2), axis=1), np.sort(ids[:, :2], axis=1))
-
-
-@pytest.mark.parametrize("dtype", [np.int16, np.uint8])
-def test_ids_are_coded_as_written_with_the_row_of_a_bad_one(tmp_path, dtype):
-    """The writer codes ids as they arrive (int16, the generators' type, as given; others as int32): a
-    file written in batches that straddle row groups equals the one written at once, and a repeated id
-    in a later batch is reported with its row in the file."""
-    E, M, L, n = 40, 6, 3, 60
-    with seeded_rng("mtf-batches", np.dtype(dtype).name) as rng:
-        ids = np.array([rng.permutation(E)[:M] for _ in range(n)], dtype=dtype)
-        logits = -np.sort(rng.integers(0, 50, size=(n, 2)), axis=1).astype(np.float32)
+        ids, x = _ranked_rows(rng, n, E, M)
     meta = _ranked_meta(E, M, L)
-    rows = np.arange(n)
 
-    def write(path, parts, bad_row=None):
-        with TraceWriter(path, meta, row_group_size=16) as w:
+    def write(path, parts):
+        with TraceWriter(path, meta, row_group_size=23) as w:
             for part in parts:
-                x = ids[part].copy()
-                if bad_row is not None and bad_row in part:
-                    x[list(part).index(bad_row), 1] = x[list(part).index(bad_row), 0]
-                w.write(seq=np.zeros(len(part), int), pos=part // L, layer=part % L, ranked_ids=x,
-                        gate_logits=logits[part])
+                w.write(seq=np.zeros(len(part), int), pos=part // L, layer=part % L, ranked_ids=ids[part],
+                        ranked_logits=x[part])
         return path.read_bytes()
 
-    once = write(tmp_path / "once.parquet", [rows])
-    assert write(tmp_path / "parts.parquet", np.array_split(rows, 9)) == once
-    with pytest.raises(MoesimError, match=r"repeats an expert .* \(row 41\)"):
-        write(tmp_path / "bad.parquet", np.array_split(rows, 9), bad_row=41)
-    assert not (tmp_path / "bad.parquet").exists()
+    rows = np.arange(n)
+    assert write(tmp_path / "t.parquet", np.array_split(rows, 7)) == write(tmp_path / "once.parquet", [rows])
+    tf = TraceFile(tmp_path / "t.parquet")
+    assert tf.num_row_groups == -(-n // 23)
+    monkeypatch.setattr(TraceFile, "batch_rows", 5)
+    r = load_routing(tf)
+    np.testing.assert_array_equal(r.cand.reshape(n, M), ids)
+    np.testing.assert_array_equal(r.logits.reshape(n, M), x)
+    np.testing.assert_array_equal(r.sel.reshape(n, 2), ids[:, :2])  # ties rank by weight, then id: as cand
+    w = np.exp(x[:, :2].astype(np.float64) - x[:, :1])
+    np.testing.assert_array_equal(r.w.reshape(n, 2), (w / w.sum(axis=1, keepdims=True)).astype(np.float32))
 
 
-@pytest.mark.parametrize("E", [1, 2, 63, 64, 65, 127, 128, 129, 200])
-def test_move_to_front_codes_match_a_list_reference(E):
-    """The encoder's two paths (a popcount of position bits up to 128 experts, a list walk above) give the
-    codes and the final state of plain list move-to-front, rows of any length, layers interleaved."""
-    from moesim.traces import ranked as rk
+@pytest.mark.parametrize("gating,bias", [("softmax", False), ("softmax_topk", False), ("sigmoid", False),
+                                         ("sigmoid", True)])
+def test_logits_equal_across_dense_sparse_and_ranked(tmp_path, gating, bias):
+    """The same router logits as a dense trace, a sparse one with all E candidates, a sparse one with the M
+    best, and each compacted: Routing.logits (and cand, sel, w) equal bit for bit, the M best a prefix of
+    the E; sigmoid gating ranks by sigmoid + selection bias and keeps the exact logits."""
+    E, k, M, L, T = 12, 3, 5, 2, 30
+    with seeded_rng("logits across layouts", gating, bias) as rng:
+        logits = (rng.normal(size=(T * L, E)) * 3).astype(np.float32)
+        logits[::4, 3] = logits[::4, 7]  # some ties
+        sel_bias = rng.normal(size=(L, E)).round(2).tolist() if bias else None
+    kw = dict(model_id="t/m", family="custom", n_experts=E, top_k=k, moe_layers=(0, 1), gating=gating,
+              selection_bias=sel_bias)
+    layer = np.tile([0, 1], T)
+    seq, pos = np.zeros(T * L, int), np.repeat(np.arange(T), L)
+    files = {}
+    with TraceWriter(tmp_path / "d.parquet", TraceMeta(layout="dense", **kw)) as w:
+        w.write(seq=seq, pos=pos, layer=layer, logits=logits)
+    files["dense"] = tmp_path / "d.parquet"
+    score = logits.astype(np.float64)
+    if gating == "sigmoid":
+        score = 0.5 * (np.tanh(0.5 * score) + 1) + (np.asarray(sel_bias)[layer] if bias else 0)
+    for m in (E, M):
+        order = np.lexsort((np.broadcast_to(np.arange(E), score.shape), -score), axis=1)[:, :m][:, ::-1]
+        lse = np.log(np.exp(logits.astype(np.float64)).sum(axis=1))
+        with TraceWriter(tmp_path / f"s{m}.parquet", TraceMeta(layout="sparse", n_candidates=m, **kw)) as w:
+            w.write(seq=seq, pos=pos, layer=layer, top_ids=order, top_logits=np.take_along_axis(logits, order, 1),
+                    lse=lse)
+        files[f"sparse{m}"] = tmp_path / f"s{m}.parquet"
+    for name in list(files):
+        files[f"ranked from {name}"] = compact_trace(files[name], tmp_path / f"c-{name}.parquet")
+    r = {name: load_routing(p) for name, p in files.items()}
+    want = r["dense"]
+    assert want.logits.shape == (T, L, E)
+    ranked_by_hand = np.take_along_axis(logits, np.lexsort((np.broadcast_to(np.arange(E), score.shape), -score),
+                                                           axis=1), 1)
+    np.testing.assert_array_equal(want.logits.reshape(T * L, E), ranked_by_hand)
+    for name, got in r.items():
+        m = got.n_candidates
+        for a in ("cand", "logits"):
+            np.testing.assert_array_equal(getattr(got, a), getattr(want, a)[:, :, :m], err_msg=f"{name} {a}")
+        for a in ("sel", "w"):
+            np.testing.assert_array_equal(getattr(got, a), getattr(want, a), err_msg=f"{name} {a}")
+        assert got.logits.dtype == np.float32
 
-    with seeded_rng("mtf-ref", E) as rng:
-        L, n = 3, 150
-        rows = []
-        for _ in range(n):  # sticky: mostly the popular experts, some fully random rows
-            m = int(rng.integers(1, E + 1))
-            score = rng.gumbel(size=E) + (np.linspace(4, 0, E) if rng.random() < 0.7 else 0)
-            rows.append(np.argsort(-score)[:m])
-        lists = [list(range(E)) for _ in range(L)]
-        want = []
-        for i, row in enumerate(rows):
-            lst = lists[i % L]
-            want.append([lst.index(e) for e in row])
-            lists[i % L] = list(row) + [e for e in lst if e not in set(row.tolist())]
-        where = rk.new_state(L, E)[1]
-        for i, row in enumerate(rows):  # one row per call: rows differ in length
-            codes, bad = rk.codec().encode(row[None, :].astype(np.int32), np.array([i % L], np.int32), where, L)
-            assert bad == 1 and codes[0].tolist() == want[i], f"row {i}"
-        for lay in range(L):
-            assert [int(np.nonzero(where[lay] == p)[0][0]) for p in range(E)] == lists[lay]
+
+def test_writer_checks_ids_and_rank_order(tmp_path):
+    meta = _ranked_meta(8, 4)
+    x = np.tile(np.array([3.0, 2.0, 1.0, 0.0], np.float32), (3, 1))
+    good = [[0, 1, 2, 3]] * 3
+    cases = [([[0, 1, 2, 3], [1, 1, 2, 3], [0, 1, 2, 3]], x, r"repeats an expert .* \(row 1\)"),
+             ([[0, 1, 2, 3], [0, 1, 2, 8], [0, 1, 2, 3]], x, r"outside 0..7 \(row 1\)"),
+             (good, x[:, ::-1], r"not in rank order .* row 0"),
+             ([[0, 1, 2, 3], [0, 1, 3, 2], [0, 1, 2, 3]], np.zeros((3, 4)), r"not in rank order .* row 1"),
+             (good, np.where(np.eye(3, 4, dtype=bool), np.nan, x), "NaN")]
+    for ids, logits, msg in cases:
+        with pytest.raises(MoesimError, match=msg):
+            with TraceWriter(tmp_path / "x.parquet", meta) as w:
+                w.write(seq=[0, 0, 0], pos=[0, 0, 0], layer=[0, 1, 2], ranked_ids=ids, ranked_logits=logits)
+        assert not (tmp_path / "x.parquet").exists()
+    stored = _ranked_meta(8, 4, tie_order="stored")  # equal scores keep the stored order
+    with TraceWriter(tmp_path / "s.parquet", stored) as w:
+        w.write(seq=[0, 0, 0], pos=[0, 0, 0], layer=[0, 1, 2], ranked_ids=[[3, 1, 2, 0]] * 3,
+                ranked_logits=np.zeros((3, 4)))
+    assert load_routing(tmp_path / "s.parquet").cand[0, 0].tolist() == [3, 1, 2, 0]
 
 
-def test_damaged_codes_and_bad_rows_are_errors(tmp_path):
+def test_damaged_rows_are_errors(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     meta = _ranked_meta(8, 4)
-    with pytest.raises(MoesimError, match="repeats an expert"):
-        with TraceWriter(tmp_path / "x.parquet", meta) as w:
-            w.write(seq=[0, 0, 0], pos=[0, 0, 0], layer=[0, 1, 2],
-                    ranked_ids=[[0, 1, 2, 3], [1, 1, 2, 3], [0, 1, 2, 3]], gate_logits=np.zeros((3, 2)))
-    assert not (tmp_path / "x.parquet").exists()
     with TraceWriter(tmp_path / "t.parquet", meta) as w:
         w.write(seq=[0, 0, 0], pos=[0, 0, 0], layer=[0, 1, 2], ranked_ids=[[0, 1, 2, 3]] * 3,
-                gate_logits=np.zeros((3, 2)))
+                ranked_logits=np.tile(np.array([3.0, 2.0, 1.0, 0.0], np.float32), (3, 1)))
     t = pq.read_table(tmp_path / "t.parquet")
-    raw = bytearray(t.column("ranked_ids")[1].as_py())
-    for bad in (bytes([0, 0, 1, 2]), bytes([9, 1, 2, 3])):  # a repeated code; a code >= E
-        raw[:] = bad
-        col = pa.array([t.column("ranked_ids")[0].as_py(), bytes(raw), t.column("ranked_ids")[2].as_py()],
-                       pa.binary(4))
-        pq.write_table(t.set_column(t.schema.get_field_index("ranked_ids"), t.schema.field("ranked_ids"), col),
-                       tmp_path / "bad.parquet")
-        with pytest.raises(MoesimError, match="ranked_ids row 1"):
-            validate_trace(tmp_path / "bad.parquet")
+    cases = {"ranked_ids": [(bytes([0, 0, 1, 2]), "ranked_ids row 1"), (bytes([9, 1, 2, 3]), "ranked_ids row 1")],
+             "ranked_logits": [(np.array([0, 1, 2, 3], "<f4").tobytes(), "ranked_logits row 1 is not in rank order"),
+                               (np.array([np.inf, 1, 0, 0], "<f4").tobytes(), "NaN or infinite")]}
+    for name, bads in cases.items():
+        i = t.schema.get_field_index(name)
+        for raw, msg in bads:
+            col = pa.array([t.column(name)[0].as_py(), raw, t.column(name)[2].as_py()], t.schema.field(i).type)
+            pq.write_table(t.set_column(i, t.schema.field(i), col), tmp_path / "bad.parquet")
+            with pytest.raises(MoesimError, match=msg):
+                validate_trace(tmp_path / "bad.parquet")
 
 
 def test_metadata_rules(tmp_path):
     with pytest.raises(MoesimError, match="power of two"):
-        _ranked_meta(8, 4, logit_scale=0.1)
+        _ranked_meta(8, 4, logit_scale=0.1, schema_version=2)
+    with pytest.raises(MoesimError, match="schema version 2"):
+        _ranked_meta(8, 4, logit_scale=0.5)  # gaps were version 2's; version 3 stores logits
     with pytest.raises(MoesimError, match="only goes with the ranked layout"):
         TraceMeta(model_id="t", family="f", n_experts=8, top_k=2, moe_layers=(0,), n_candidates=4, logit_scale=0.5)
     m = _ranked_meta(8, 4)
-    assert m.schema_version == 2 and "logit_scale" not in m.to_json()
+    assert m.schema_version == 3 and m.has_scores
+    assert "logit_scale" not in m.to_json() and "scores" not in m.to_json()
     assert TraceMeta.from_json(m.to_json()) == m
+    unscored = m.replace(scores=False)
+    assert '"scores": false' in unscored.to_json() and not unscored.has_scores
+    assert TraceMeta.from_json(unscored.to_json()) == unscored
+    assert not _ranked_meta(8, 4, schema_version=2).has_scores
     v1 = dataclasses.replace(m, layout="sparse", schema_version=1)
     assert '"schema_version": 1' in v1.to_json() and "logit_scale" not in v1.to_json()
-
-
-def test_gaps_wider_than_a_byte(tmp_path):
-    """Grid logits whose gaps pass 255 grid units (the high bytes go to gate_gaps_high, null in the
-    other rows) convert exactly."""
-    with seeded_rng("wide gaps") as rng:
-        E, M, L, n_tok = 12, 6, 2, 40
-        meta = TraceMeta(model_id="t/m", family="qwen3_moe", n_experts=E, top_k=3, moe_layers=(0, 1),
-                         n_candidates=M)
-        q = rng.integers(-300, 300, size=(n_tok * L, E))
-        q[::7, 3] += 5000  # a dominant expert: first gap of thousands of grid units
-        logits = q / 32.0
-        ids = np.argsort(-logits, axis=1, kind="stable")[:, :M]
-        with TraceWriter(tmp_path / "s.parquet", meta) as w:
-            w.write(seq=np.zeros(n_tok * L, int), pos=np.repeat(np.arange(n_tok), L), layer=np.tile([0, 1], n_tok),
-                    top_ids=ids, top_logits=np.take_along_axis(logits, ids, axis=1),
-                    lse=np.log(np.exp(logits - logits.max(axis=1, keepdims=True)).sum(axis=1)) + logits.max(axis=1))
-    out = compact_trace(tmp_path / "s.parquet", tmp_path / "c.parquet")
-    tf = TraceFile(out)
-    assert tf.meta.logit_scale == 1 / 32
-    high = tf._pf.read(columns=["gate_gaps_high"]).column(0)
-    assert 0 < high.null_count < len(high)
-    assert_same_routing(load_routing(tmp_path / "s.parquet"), load_routing(out))
+    with pytest.raises(MoesimError, match="read only"):
+        TraceWriter(tmp_path / "v2.parquet", _ranked_meta(8, 4, schema_version=2))
 
 
 @pytest.mark.parametrize("layout", ["ranked", "sparse"])
@@ -274,15 +309,15 @@ def test_row_groups_decode_on_their_own(tmp_path, monkeypatch, layout):
     for t in (tf, small):
         lay = t.index_keys(t.read_keys()).target % t.meta.n_layers
         full = {}
-        for rows, ranked, s, w in _decoded_batches(t, lay):
+        for rows, ranked, s, w, x in _decoded_batches(t, lay):
             for i, r in enumerate(range(rows.start, rows.stop)):
-                full[r] = (ranked[i].tolist(), s[i].tolist(), w[i].tolist())
+                full[r] = (ranked[i].tolist(), s[i].tolist(), w[i].tolist(), x[i].tolist())
         monkeypatch.setattr(TraceFile, "batch_rows", 97)
         groups = list(range(t.num_row_groups))[1::2] or [0]
         seen = 0
-        for rows, ranked, s, w in _decoded_batches(t, lay, row_groups=groups):
+        for rows, ranked, s, w, x in _decoded_batches(t, lay, row_groups=groups):
             for i, r in enumerate(range(rows.start, rows.stop)):
-                assert full[r] == (ranked[i].tolist(), s[i].tolist(), w[i].tolist())
+                assert full[r] == (ranked[i].tolist(), s[i].tolist(), w[i].tolist(), x[i].tolist())
                 seen += 1
         assert seen == sum(t._pf.metadata.row_group(g).num_rows for g in groups) > 0
         monkeypatch.undo()

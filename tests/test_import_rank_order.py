@@ -70,3 +70,31 @@ def test_tie_order_only_changes_ties(tmp_path):
     assert out["lower_id"].sel[:, 0].tolist() == [[3, 7], [1, 5], [2, 6]]
     assert out["stored"].sel[:, 0].tolist() == [[7, 3], [1, 5], [2, 6]]
     assert out["stored"].cand[:, 0].tolist() == [[7, 3], [1, 5], [2, 6]]
+
+
+def test_which_imports_have_candidate_scores(tmp_path):
+    """Logits, or weights of a softmax router (log weights: the logits shifted per step), are candidate
+    scores a step policy can use; a selected-only source (placeholder scores) and a sigmoid router's
+    weights are not: the metadata says scores: false and the routing has no logits."""
+    from moesim.traces.importers.common import write_topk_trace
+
+    rng = np.random.default_rng(3)
+    T, E, k = 12, 16, 3
+    ids = np.array([rng.choice(E, k, replace=False) for _ in range(T)])
+    logits = rng.normal(size=(T, k))
+    w = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    keys = dict(seq=np.zeros(T, int), pos=np.arange(T), layer=np.zeros(T, int), phase="decode", ids=ids, where="t")
+    for gating, kw, scored in [("softmax", {"logits": logits}, True), ("softmax", {"weights": w}, True),
+                               ("softmax_topk", {"weights": w}, True), ("sigmoid", {"weights": w}, False),
+                               ("softmax", {}, False)]:
+        meta = TraceMeta(model_id="m", family="f", n_experts=E, top_k=k, moe_layers=(0,), gating=gating,
+                         n_candidates=k)
+        out = tmp_path / f"{gating}-{len(kw)}-{scored}.parquet"
+        res = write_topk_trace(out, meta, **keys, **kw)
+        r = load_routing(out)
+        assert res.meta.has_scores == scored == r.has_scores, (gating, kw.keys())
+        if scored:
+            # the logits of the candidates in rank order; with weights, log w: the logits up to a shift per step
+            x = r.logits[:, 0].astype(np.float64)
+            want = np.take_along_axis(logits, np.argsort(-logits, axis=1, kind="stable"), axis=1)
+            np.testing.assert_allclose(x - x[:, :1], want - want[:, :1], atol=1e-5)

@@ -51,10 +51,8 @@ def _run(code: str, cache: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_long_compile_is_announced_on_stderr_once(tmp_path):
-    cmd = [sys.executable, "-m", "moesim.cli", "simulate", str(TRACE), "-e", "lru", "-m", "fetch-all", "--budget",
-           "0.25", "--format", "json"]
-    code = f"import sys, runpy; sys.argv = {cmd[2:]!r}; sys.argv[0] = 'moesim'; runpy.run_module('moesim.cli', " \
-           "run_name='__main__')"
+    args = ["moesim", "simulate", str(TRACE), "-e", "lru", "-m", "fetch-all", "--budget", "0.25", "--format", "json"]
+    code = f"import sys; from moesim.cli import main; sys.argv = {args!r}; main()"
     cold, warm = _run(code, tmp_path), _run(code, tmp_path)
     assert cold.returncode == 0 and warm.returncode == 0, cold.stderr + warm.stderr
     lines = cold.stderr.strip().splitlines()

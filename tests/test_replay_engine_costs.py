@@ -2,9 +2,9 @@
 
 Per-copy latencies, per-fetch fixed costs and the per-step cost fold into the seconds the kernel already charges
 (CostParams.s_fetch_*, s_copy_*, s_writeback, s_dense): the kernel must match the reference second for second with
-those seconds computed here from first principles. The router read-back, hybrid misses and CPU/GPU overlap need
-per-step logic the kernel does not have yet: their semantics are pinned down on the reference, and the kernel tests
-are written and skipped until kernel v2 (docs/replay-semantics.md, "Engine costs of a dynamic cache")."""
+those seconds computed here from first principles. The router read-back, hybrid misses and CPU/GPU overlap are
+per-step logic: their semantics are pinned down on the reference, and the kernels must match it
+(docs/replay-semantics.md, "Engine costs of a dynamic cache")."""
 
 import dataclasses
 
@@ -19,7 +19,6 @@ from moesim.costmodel.timing import KERNEL_V2_COSTS, cost_params
 from moesim.simulator import SimConfig, simulate
 
 MODEL, QUANT, HW = "qwen3-30b-a3b", "q4_k_m", "rtx3090-pcie4"
-KERNEL_V2 = pytest.mark.skip(reason="kernel v2")
 
 
 def engine_file(tmp_path, **keys):
@@ -181,7 +180,7 @@ def test_kernel_v2_names_what_the_kernel_lacks(tmp_path):
                              "hybrid": True}
 
 
-# ---- the kernel's side: written now, run once kernel v2 charges them ----------------------------------------------
+# ---- the kernel's side ---------------------------------------------------------------------------------------------
 
 def _kernel_vs_reference(tmp_path, miss, engine, cpu_overlap=False, max_uploads=None):
     sel, w, cand, seq = _routing(6, T=60)
@@ -200,21 +199,18 @@ def _kernel_vs_reference(tmp_path, miss, engine, cpu_overlap=False, max_uploads=
     np.testing.assert_allclose(res.token_seconds, [x["seconds"] for x in tok], rtol=1e-9)
 
 
-@KERNEL_V2
 def test_kernel_router_sync(tmp_path):
     """Needs: kernel.COST_NAMES += "router_sync"; args.kernel_costs sets it from CostParams.s_router_sync; the
     kernel charges it per step of a layer not wholly resident, before the step's router decision."""
     _kernel_vs_reference(tmp_path, "fetch-all", {"miss": "fetch", "router_sync_us": 40.0})
 
 
-@KERNEL_V2
 def test_kernel_hybrid_miss(tmp_path):
     """Needs: a miss policy "hybrid" (policies/miss.py code, kernel branch: CPU compute + a background copy admitted
     on landing), SimConfig accepting it, and --max-uploads defaulting to CostParams.uploads_per_layer."""
     _kernel_vs_reference(tmp_path, "hybrid", {"miss": "hybrid", "uploads_per_layer": 2}, max_uploads=2)
 
 
-@KERNEL_V2
 def test_kernel_cpu_overlap(tmp_path):
     """Needs: Policy.cpu_overlap from CostParams.cpu_overlap; the kernel keeps the host's timeline per step."""
     _kernel_vs_reference(tmp_path, "cpu", {"miss": "cpu", "cpu_overlap": True, "cpu_handoff": True},

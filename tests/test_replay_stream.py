@@ -186,7 +186,7 @@ def test_sweep_streamed_equals_in_memory(monkeypatch, shipped_trace):
 
 
 def test_ranked_layout_streams(tmp_path):
-    """moesim synth's ranked layout (move-to-front codes restarted per row group) streams like any other."""
+    """moesim synth's ranked layout streams like any other."""
     from moesim.traces.synthetic import synthesize
 
     path = synthesize("qwen3-30b-a3b", 120, seqs=3, seed=1, path=tmp_path / "s.parquet")
@@ -196,3 +196,51 @@ def test_ranked_layout_streams(tmp_path):
         want = simulate(whole, config)
         got = simulate(path, config, stream=True, chunk_tokens=17)
         assert_same(want, got, f"ranked layout {config.label()}")
+
+
+@pytest.mark.parametrize("layout", ["ranked", "sparse"])
+def test_logits_through_the_store(tmp_path, layout):
+    """A store keeps the candidates' logits when asked (DecodedStore.from_file(..., logits=True), or a
+    Routing that carries them) and its chunks give them with what=(..., "logits"), equal to the in-memory
+    decode; a store without them says so in one line."""
+    from moesim.traces.synthetic import synthesize
+
+    path = synthesize("qwen3-next-80b-a3b", 50, seqs=2, seed=4, path=tmp_path / "t.parquet", layout=layout)
+    whole = load_routing(path)
+    assert whole.has_scores and whole.logits.shape == whole.cand.shape
+    stores = [DecodedStore.from_file(path, tmp_path / "f", logits=True, chunk_tokens=7),
+              DecodedStore.from_routing(whole, tmp_path / "r")]
+    for store in stores:
+        assert store.has_scores
+        got = {a: [] for a in ("sel", "w", "cand", "logits")}
+        for c in store.chunks(9, what=tuple(got)):
+            for a in got:
+                got[a].append(getattr(c, a).copy())
+        for a, parts in got.items():
+            np.testing.assert_array_equal(np.concatenate(parts), getattr(whole, a), err_msg=a)
+        assert next(store.chunks(9)).logits.shape[2] == 0  # not asked for: empty
+    plain = DecodedStore.from_file(path, tmp_path / "p")  # the default: no logits on disk
+    assert not plain.has_scores and not (tmp_path / "p" / "logits.bin").exists()
+    with pytest.raises(MoesimError, match="no candidate scores"):
+        next(plain.chunks(9, what=("sel", "logits")))
+    with pytest.raises(MoesimError, match="no array 'next'"):
+        next(plain.chunks(9, what=("next",)))
+
+
+def test_decode_cache_keeps_logits(tmp_path, monkeypatch):
+    from moesim.traces.decode_cache import load_decoded
+    from moesim.traces.synthetic import synthesize
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("MOESIM_DECODE_CACHE", "1")
+    path = synthesize("olmoe-1b-7b", 30, seed=2, path=tmp_path / "t.parquet")
+    want = load_routing(path)
+    first, second = load_decoded(path), load_decoded(path)  # the second from the cache
+    assert list((tmp_path / "cache" / "moesim" / "decoded").glob("*.npz"))
+    for r in (first, second):
+        np.testing.assert_array_equal(r.logits, want.logits)
+        np.testing.assert_array_equal(r.cand, want.cand)
+    few = load_decoded(path, candidates=10)
+    np.testing.assert_array_equal(few.logits, want.logits[:, :, :10])
+    assert load_decoded(path, logits=False).logits is None and load_decoded(path, logits=False).cand.shape[2] == 32
+    assert load_routing(path, logits=False).logits is None

@@ -61,7 +61,7 @@ def test_table_is_ranked_by_class_then_time_with_presets_and_synthetic_title(swe
         # what the times assume: model, quantization, machine, and the one baseline
         assert "priced as qwen3-30b-a3b bf16 on rtx3090-pcie4" in title
         assert "speed-up over lru / fetch-all (fetch-all preset)" in title
-        assert len(rows) == 40 and [r["#"] for r in rows] == [str(i) for i in range(1, 41)]
+        assert len(rows) == 48 and [r["#"] for r in rows] == [str(i) for i in range(1, 49)]
         kept = [r for r in rows if r["1st choice"] == "kept"]
         lost = [r for r in rows if r["1st choice"] == "may lose"]
         assert kept and lost and rows == kept + lost  # the class that keeps the first choice first
@@ -70,7 +70,10 @@ def test_table_is_ranked_by_class_then_time_with_presets_and_synthetic_title(swe
             assert ms == sorted(ms)
         assert {r["policy"] for r in lost} == {f"{e} / substitute / admit 0.5" for e in ("lru", "lfu", "freq", "fifo",
                                                                                          "belady")} | {
-            "static / substitute"}
+            "static / substitute"} | {f"{e} / fetch-all / reroute bias:{b}" for e in ("lru", "freq")
+                                      for b in ("0.1", "0.25", "0.5")}
+        assert {r["policy"] for r in kept if "reroute" in r["policy"]} == {"lru / fetch-all / reroute keep:2",
+                                                                            "freq / fetch-all / reroute keep:2"}
         presets = {r["preset"]: r["policy"] for r in rows if r["preset"]}
         assert presets == {"quality-first": "freq / threshold:0.15 / admit 0.5",
                            "speed-first": "freq / first-choice / admit 0.5",
@@ -85,11 +88,11 @@ def test_parquet_rows_and_layers_keyed_by_trace_config_and_cost(swept, trace):
     out, _ = swept
     df = pl.read_parquet(out)
     lay = pl.read_parquet(layers_path(out))
-    assert df.height == 80 and df["row_key"].n_unique() == 80
+    assert df.height == 96 and df["row_key"].n_unique() == 96
     assert list(df.columns[: len(ROW_SCHEMA)]) == list(ROW_SCHEMA)
     assert df["synthetic"].all() and df["priced"].all()
     assert (df["row_key"] == df["trace_digest"] + ":" + df["config_key"] + ":" + df["cost_key"]).all()
-    assert lay.height == 80 * 48 and set(lay["row_key"]) == set(df["row_key"])
+    assert lay.height == 96 * 48 and set(lay["row_key"]) == set(df["row_key"])
     # layer rows add up to the config's totals
     sums = lay.group_by("row_key").agg(pl.col("hits").sum(), pl.col("requests").sum())
     j = df.join(sums, on="row_key", suffix="_l")
@@ -99,17 +102,19 @@ def test_parquet_rows_and_layers_keyed_by_trace_config_and_cost(swept, trace):
     for b in (0.125, 0.25):
         part = df.filter(pl.col("budget") == b)
         base = part.filter((pl.col("eviction") == "lru") & (pl.col("miss") == "fetch-all")
-                           & (pl.col("prefetch") == "none"))
+                           & (pl.col("prefetch") == "none") & (pl.col("reroute") == "none"))
         assert base.height == 1
         assert part["speedup"].to_list() == pytest.approx((base["s_per_token"][0] / part["s_per_token"]).to_list())
-        # ranks are 1..40, the first-choice class first, best time first within it
+        # ranks are 1..48, the first-choice class first, best time first within it
         part = part.sort("rank")
-        assert part["rank"].to_list() == list(range(1, 41))
+        assert part["rank"].to_list() == list(range(1, 49))
         assert part["keeps_first_choice"].to_list() == sorted(part["keeps_first_choice"].to_list(), reverse=True)
         for keeps in (True, False):
             assert part.filter(pl.col("keeps_first_choice") == keeps)["s_per_token"].is_sorted()
-    # the class is the miss policy's: substitute (and drop) may lose the first choice, the others never do
-    assert (df["keeps_first_choice"] == ~df["miss"].is_in(["substitute", "drop"])).all()
+    # the class is the miss policy's and the reroute's: substitute (and drop) may lose the first choice, so may
+    # bias:λ (the router's top choice may be biased away); keep:J never does
+    loses = df["miss"].is_in(["substitute", "drop"]) | df["reroute"].str.starts_with("bias:")
+    assert (df["keeps_first_choice"] == ~loses).all()
     assert (df.filter(pl.col("keeps_first_choice"))["first_choice_substitutions"] == 0).all()
 
 
@@ -142,9 +147,9 @@ def test_rerun_prints_the_same_rows_from_the_file_in_every_format(swept, trace):
     assert js["synthetic"] is True and js["ranked_by"] == ["1st-choice class, then time per token"]
     assert js["baseline"] == ["lru / fetch-all (fetch-all preset)"] and js["fits_in_vram"] is True
     assert js["priced_as"][0] == "qwen3-30b-a3b bf16 on rtx3090-pcie4"
-    assert len(js["rows"]) == 80 and {r["row_key"] for r in js["rows"]} == set(pl.read_parquet(out)["row_key"])
+    assert len(js["rows"]) == 96 and {r["row_key"] for r in js["rows"]} == set(pl.read_parquet(out)["row_key"])
     rows = list(csv.DictReader(io.StringIO(run_cli(*args, "--format", "csv").stdout)))
-    assert len(rows) == 80 and all(r["synthetic"] == "true" for r in rows)
+    assert len(rows) == 96 and all(r["synthetic"] == "true" for r in rows)
     assert [r["row_key"] for r in rows] == [r["row_key"] for r in js["rows"]]
     md = run_cli(*args, "--format", "markdown", "--top", "5").stdout
     assert md.count("SYNTHETIC trace") == 2 and md.count("| 5 |") == 2 and "| 6 |" not in md
@@ -164,7 +169,7 @@ def test_baseline_rank_by_max_mass_and_wide(swept, trace):
     assert [r["s_per_token"] for r in by_time] == sorted(r["s_per_token"] for r in by_time)
     assert by_time[0]["keeps_first_choice"] is False  # substituting the first choice is fastest
     capped = json.loads(run_cli(*args, "--max-mass", "0.03", "--format", "json").stdout)["rows"]
-    assert capped and all(r["mass_per_step"] <= 0.03 for r in capped) and len(capped) < 40
+    assert capped and all(r["mass_per_step"] <= 0.03 for r in capped) and len(capped) < 48
     text = run_cli(*args, "--max-mass", "0.03").stdout
     assert "above the --max-mass limit left out" in text
     (title, table), = parse_tables(text)
@@ -210,7 +215,7 @@ def test_latex_table_parses(swept, trace):
     spec = re.search(r"\\sbox0\{\\begin\{tabular\}\{((?:p\{[^}]*\}|\w)+)\}", tex).group(1)
     body = tex.split(r"\sbox0{\begin{tabular}")[1].rsplit(r"\end{tabular}}", 1)[0]
     rows = [line for line in body.splitlines() if line.endswith(r"\\")]
-    assert len(rows) == 41  # header + 40 configs
+    assert len(rows) == 49  # header + 48 configs
     for line in rows[1:]:
         cells = re.split(r"(?<!\\)&", line[: -2])
         assert len(cells) == _latex_columns(spec), line
@@ -262,7 +267,7 @@ def test_results_written_before_the_one_baseline_still_read(swept, trace, tmp_pa
     df.rename({"speedup": "speedup_vs_fetch_all"}).drop(
         "baseline", "keeps_first_choice", "quant_choice", "vram_gib_free").write_parquet(old)
     res = run_cli("sweep", trace, "--budget", "0.125", "--budget", "0.25", "-o", old, "--format", "json")
-    assert "0 computed, 80 already in" in res.stderr
+    assert "0 computed, 96 already in" in res.stderr
     again = pl.DataFrame(json.loads(res.stdout)["rows"])
     assert "speedup_vs_fetch_all" not in again.columns and list(again.columns) == list(ROW_SCHEMA)
     assert again.sort("row_key")["speedup"].to_list() == pytest.approx(df.sort("row_key")["speedup"].to_list())
@@ -270,3 +275,27 @@ def test_results_written_before_the_one_baseline_still_read(swept, trace, tmp_pa
     # adding a row rewrites the file in the current layout
     run_cli("sweep", trace, "--budget", "0.125", "--budget", "0.25", "-o", old, "--baseline", "belady/drop")
     assert list(pl.read_parquet(old).columns) == list(ROW_SCHEMA)
+
+
+def test_simulate_and_sweep_reroute_options(trace, tmp_path):
+    """--reroute on the command line: the rerouted line, its class, the sweep axis; bad specs are one line."""
+    res = run_cli("simulate", trace, "-e", "lru", "--budget", "0.25", "--reroute", "bias:0.5", "--format", "json")
+    doc = json.loads(res.stdout)
+    assert doc["config"]["reroute"] == "bias:0.5" and doc["totals"]["rerouted"] > 0
+    assert doc["keeps_first_choice"] is False
+    text = run_cli("simulate", trace, "-e", "lru", "--budget", "0.25", "--reroute", "keep:2",
+                   "--reroute-resident", "recent:4").stdout
+    assert "reroute keep:2" in text and "rerouted " in text and "always runs the router's first choice" in text
+    for bad, said in ((["--reroute", "bias:x"], "bias"), (["--reroute", "keep:2", "--batch", "4"], "batch"),
+                      (["--reroute-pool", "3"], "--reroute")):
+        res = run_cli("simulate", trace, "-e", "lru", "--budget", "0.25", *bad, ok=False)
+        assert res.exit_code == 2 and said in res.output, res.output
+        assert res.output.count("\n") == 1 and res.output.startswith("moesim: error: "), res.output
+    out = tmp_path / "r.parquet"
+    run_cli("sweep", trace, "--budget", "0.25", "-e", "lru", "-m", "fetch-all", "--reroute", "none",
+            "--reroute", "bias:0.25", "-o", out)
+    df = pl.read_parquet(out)
+    mine = df.filter((pl.col("eviction") == "lru") & (pl.col("miss") == "fetch-all") & (pl.col("prefetch") == "none"))
+    assert sorted(mine["reroute"].to_list()) == ["bias:0.25", "none"]  # (the presets come along, never rerouted)
+    base, biased = (mine.filter(pl.col("reroute") == r).row(0, named=True) for r in ("none", "bias:0.25"))
+    assert biased["hit_rate"] >= base["hit_rate"] and biased["displaced_mass"] > 0 == base["displaced_mass"]

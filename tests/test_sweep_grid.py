@@ -24,7 +24,7 @@ def configs(grid):
 
 
 def test_default_grid_has_40_distinct_configs_per_budget_with_every_preset():
-    every = configs(Grid(budgets=[0.25]))
+    every = configs(Grid(budgets=[0.25], scored=False))
     # 6 x 5 x 2 = 60 - 15 - 5 - 4 = 36, + the llama.cpp preset (static-layers + cpu), + 3 prefetch variants
     assert len(every) == 40 and len({c.key() for c in every}) == 40
     prefetching = [(c.eviction, c.miss, c.prefetch) for c in every if c.prefetch != "none"]
@@ -44,7 +44,13 @@ def test_default_grid_has_40_distinct_configs_per_budget_with_every_preset():
     # nothing is ever cached under cpu without pinning: one replay, kept once (under lru), not five times
     assert [c.eviction for c in cfgs if c.miss == "cpu" and never_cached(c)] == ["lru"]
     assert {c.eviction for c in cfgs if c.miss == "cpu"} == {"lru", "static", "static-layers"}
-    assert len(configs(Grid(budgets=[0.125, 0.25, 0.5]))) == 120
+    assert len(configs(Grid(budgets=[0.125, 0.25, 0.5], scored=False))) == 120
+    # traces with candidate scores add 8 reroute rows per budget: lru and freq under fetch-all, bias:λ for three
+    # strengths and keep:2
+    scored = configs(Grid(budgets=[0.25]))
+    assert sorted((c.eviction, c.reroute) for c in scored if c.reroute) == sorted(
+        (e, r) for e in ("lru", "freq") for r in ("bias:0.1", "bias:0.25", "bias:0.5", "keep:2"))
+    assert len(scored) == 48 and {c.miss for c in scored if c.reroute} == {"fetch-all"}
     # a prefetch axis replaces the variants: every eviction x miss x admission x prefetch
     axis = configs(Grid(budgets=[0.25], evictions=["lru"], misses=["fetch-all"], prefetches=["none", "oracle"]))
     assert [c.label() for c in axis if c.prefetch != "none"] == ["lru / fetch-all / 0.25 budget / pf oracle"]

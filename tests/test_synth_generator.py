@@ -41,8 +41,8 @@ def test_preset_metadata_and_geometry(tmp_path, name):
     assert (m.n_group, m.topk_group, m.routed_scaling_factor) == (model.n_group, model.topk_group,
                                                                   model.routed_scaling_factor)
     assert m.bytes_per_expert == model.bytes_per_expert_table()
-    assert m.layout == "ranked" and m.schema_version == 2 and model.top_k <= m.n_candidates <= model.n_experts
-    assert (m.logit_scale is None) == (model.gating == "sigmoid")
+    assert m.layout == "ranked" and m.schema_version == 3 and model.top_k <= m.n_candidates <= model.n_experts
+    assert m.logit_scale is None and m.has_scores
     assert m.tracer["name"] == "moesim-synth"
     assert m.source["preset"] == name and m.source["tokens"] == 6 and m.source["seed"] == 1
     assert m.source["command"].startswith(f"moesim synth --preset {name} --tokens 6 --seqs 2 --seed 1")
@@ -77,7 +77,7 @@ def test_ranked_and_sparse_layouts_decode_identically(tmp_path, name):
     """The compact default and the full sparse layout of the same routing decode to the same arrays."""
     a = load_routing(synthesize(name, 40, seqs=2, seed=5, path=tmp_path / "r.parquet"))
     b = load_routing(synthesize(name, 40, seqs=2, seed=5, path=tmp_path / "s.parquet", layout="sparse"))
-    for field in ("sel", "w", "cand", "seq", "pos", "domain", "phase"):
+    for field in ("sel", "w", "cand", "logits", "seq", "pos", "domain", "phase"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
 
 
@@ -137,6 +137,8 @@ def test_router_like_structure(tmp_path):
     (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--domains", "code,code"], "twice"),
     (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--candidates", "4"], "--candidates"),
     (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--seed", "-1"], "--seed"),
+    (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--generator", "1"], "generator 1 (the original numpy one) was"),
+    (["--preset", "qwen3-30b-a3b", "--tokens", "5", "--generator", "3"], "unknown generator 3"),
 ])
 def test_bad_arguments(tmp_path, args, needle):
     out = tmp_path / "x.parquet"

@@ -93,3 +93,22 @@ def test_kernel_equals_reference(E, couple, parts, block):
     np.testing.assert_array_equal(got[0], want[0])  # the m best: ids and logits, in rank order
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_allclose(got[2], want[2], rtol=1e-12)
+
+
+def test_the_generator_runs_without_the_jit(tmp_path):
+    """NUMBA_DISABLE_JIT=1 (numba's debugging mode: the kernels run as plain Python) writes the same file,
+    the lookahead column included, with no warning on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    args = ["synth", "--preset", "mixtral-8x7b", "--tokens", "3", "--seed", "1", "--lookahead", "-o", "t.parquet"]
+    run = [sys.executable, "-c", "import sys; from moesim.cli import main; sys.argv[0] = 'moesim'; main()", *args]
+    outs = []
+    for name, env in (("jit", {}), ("python", {"NUMBA_DISABLE_JIT": "1"})):
+        d = tmp_path / name
+        d.mkdir()
+        res = subprocess.run(run, cwd=d, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and not res.stderr.strip(), (name, res.stderr)
+        outs.append((d / "t.parquet").read_bytes())
+    assert outs[0] == outs[1]

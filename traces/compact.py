@@ -1,10 +1,11 @@
 """Convert a dense or sparse trace to the compact ranked layout, row for row, streamed.
 
-The ranked layout keeps what a replay reads and nothing else: the candidates in the rank order the
-decoder computes, the selection, and the scores its gate weights come from. Decoding the result
-gives the same ``cand``, ``sel`` and ``w`` arrays bit for bit, so every replay decision and counter
-is unchanged (tests/test_format_ranked.py). What it drops: the logits of candidates that are not
-selected and ``lse`` (so softmax probabilities of unselected experts), docs/trace-format.md.
+The ranked layout keeps what a replay and a step policy read: the candidates in the rank order the
+decoder computes, their router logits, and the selection and weights where the trace stores them.
+Decoding the result gives the same ``cand``, ``sel``, ``w`` and ``logits`` arrays bit for bit, so every
+replay decision and counter is unchanged (tests/test_format_ranked.py). What it drops: ``lse`` (the
+softmax probabilities of the candidates over all E experts; the logits keep every ratio among them),
+docs/trace-format.md.
 """
 
 from __future__ import annotations
@@ -15,54 +16,37 @@ from pathlib import Path
 import numpy as np
 
 from moesim.errors import MoesimError
+from moesim.traces.meta import RANKED_SCHEMA_VERSION
 from moesim.traces.reader import TraceFile
 from moesim.traces.routing import _gate_inputs, read_lookahead
 from moesim.traces.writer import DEFAULT_ROW_GROUP, TraceWriter
 
-MAX_SCALE_BITS = 24  # logits on a grid of 2^-p, p <= 24, are stored as integer gaps
-
-
-def _grid_bits(x: np.ndarray) -> int | None:
-    """Smallest p <= MAX_SCALE_BITS with every value of x an integer multiple of 2^-p, the gaps between
-    neighbours (x is ranked, descending) below 65536 units and |x| * 2^p exact; None if there is none."""
-    for p in range(MAX_SCALE_BITS + 1):
-        q = x * 2.0 ** p
-        if np.array_equal(q, np.rint(q)) and np.abs(q).max(initial=0) < 2 ** 52:
-            gaps = q[:, :-1] - q[:, 1:]
-            return p if gaps.size == 0 or (gaps.min() >= 0 and gaps.max() < 65536) else None
-    return None
-
 
 def compact_trace(src: str | os.PathLike | TraceFile, dst: str | os.PathLike, *,
-                  row_group_size: int = DEFAULT_ROW_GROUP, compression_level: int = 9) -> Path:
-    """Write ``src`` (dense or sparse) as a ranked trace at ``dst``. Gate logits go as integer gaps
-    when the k first-ranked logits of every row lie on a power-of-two grid (synthetic traces, and
-    real routers' logits when they are that coarse), else as float32 logits; stored weights stay."""
+                  row_group_size: int = DEFAULT_ROW_GROUP, compression_level: int | None = None) -> Path:
+    """Write ``src`` (dense or sparse) as a ranked trace at ``dst``: the candidates ranked, their logits
+    (float32, as stored), the selection when it is not the k first-ranked candidates, and stored weights.
+    A selected-only import written before the ``scores`` metadata field (placeholder scores, all equal)
+    is marked ``scores: false``."""
     tf = src if isinstance(src, TraceFile) else TraceFile(src)
     meta = tf.meta
     if meta.layout not in ("dense", "sparse"):
         raise MoesimError(f"{tf.path}: only dense and sparse traces convert to the ranked layout "
-                          f"(this one is {meta.layout})")
+                          f"(this one is {meta.layout}" + (", schema version 2: it is read as it is"
+                                                           if meta.layout == "ranked" else "") + ")")
     keys = tf.read_keys()
     idx = tf.index_keys(keys)
     L = meta.n_layers
     layer_ord = idx.target % L
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
-    # pass 1: the kind of gate scores, and for gaps the grid
-    bits: int | None = -1
-    explicit_sel = has_sel
-    for _, g in _gate_inputs(tf, layer_ord):
-        explicit_sel = explicit_sel or not g.first_k
-        if has_w or explicit_sel or meta.gating == "sigmoid" or meta.top_k < 2:
-            bits = None
-        elif bits is not None:
-            b = _grid_bits(g.sel_logits)
-            bits = None if b is None else max(bits, b)
-        if g.sel_logits is not None and not np.array_equal(g.sel_logits.astype(np.float32), g.sel_logits):
-            raise MoesimError(f"{tf.path}: the trace's logits are not float32 values; the ranked layout stores "
-                              "float32 gate logits")
-    scale = None if bits is None or bits < 0 else 2.0 ** -bits
-    out_meta = meta.replace(layout="ranked", logit_scale=scale, schema_version=2)
+    # group-limited routing without a selected column: the converter resolves the selection once
+    explicit_sel = has_sel or (meta.gating == "sigmoid" and meta.n_group > 1)
+    scores = meta.scores
+    if scores and meta.tie_order == "stored":
+        from moesim.traces.routing import placeholder_scores
+
+        scores = not all(placeholder_scores(meta, g.ranked_vals) for _, g in _gate_inputs(tf, layer_ord))
+    out_meta = meta.replace(layout="ranked", schema_version=RANKED_SCHEMA_VERSION, scores=scores)
     look = None
     if "lookahead" in tf.columns:
         look = read_lookahead(tf, idx.target).reshape(-1, meta.top_k)
@@ -73,16 +57,15 @@ def compact_trace(src: str | os.PathLike | TraceFile, dst: str | os.PathLike, *,
     phases = np.array(["prefill", "decode", "decode"])  # codes 0, 1; -1 (counts only) never here
     with writer:
         for rows, g in _gate_inputs(tf, layer_ord):
+            x = g.ranked_vals.astype(np.float32)
+            if not np.array_equal(x, g.ranked_vals):
+                raise MoesimError(f"{tf.path}: the trace's logits are not float32 values; the ranked layout stores "
+                                  "float32 logits")
             extra: dict = {}
             if explicit_sel:
                 extra["selected"] = g.sel
             if has_w:
                 extra["weights"] = g.raw_weights
-            elif scale is not None:
-                q = np.rint(g.sel_logits / scale).astype(np.int64)
-                extra["gate_gaps"] = q[:, :-1] - q[:, 1:]
-            else:
-                extra["gate_logits"] = g.sel_logits
             if keys.domain is not None:
                 d = keys.domain[rows]
                 if (d < 0).any():
@@ -93,5 +76,5 @@ def compact_trace(src: str | os.PathLike | TraceFile, dst: str | os.PathLike, *,
             if look is not None:
                 extra["lookahead"] = look[idx.target[rows]]
             writer.write(seq=keys.seq[rows], pos=keys.pos[rows], layer=keys.layer[rows],
-                         phase=phases[keys.phase[rows]], ranked_ids=g.ranked, **extra)
+                         phase=phases[keys.phase[rows]], ranked_ids=g.ranked, ranked_logits=x, **extra)
     return Path(dst)

@@ -18,10 +18,10 @@ import numpy as np
 from moesim.errors import MoesimError
 from moesim.files import atomic
 from moesim.traces.reader import TraceFile
-from moesim.traces.routing import Routing, decode
+from moesim.traces.routing import STEP_ARRAYS, TOKEN_ARRAYS, Routing, decode
 
 MAX_BYTES = 1 << 30  # larger decoded traces are not cached (disk use)
-_ARRAYS = ("seq", "pos", "phase", "domain", "sel", "w", "cand")
+_OPTIONAL = ("token", "lookahead", "logits")  # None when the trace has no such data
 
 
 def _decoder_hash() -> str:
@@ -40,30 +40,25 @@ def cache_dir() -> Path | None:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moesim" / "decoded"
 
 
-def load_decoded(source, candidates: int | None = None):
-    """The decoded Routing of ``source`` (a path or TraceFile), from the cache when possible."""
+def load_decoded(source, candidates: int | None = None, logits: bool = True):
+    """The decoded Routing of ``source`` (a path or TraceFile), from the cache when possible (arguments:
+    load_routing's)."""
     tf = source if isinstance(source, TraceFile) else TraceFile(source)
     base = cache_dir()
     if base is None or tf.meta.frequency_only:
-        return decode(tf, candidates=candidates)
-    path = base / f"{tf.digest}-{_decoder_hash()}-{candidates or 'all'}.npz"
+        return decode(tf, candidates=candidates, logits=logits)
+    path = base / f"{tf.digest}-{_decoder_hash()}-{candidates or 'all'}{'' if logits else '-nologits'}.npz"
     if path.exists():
         try:
             with np.load(path, allow_pickle=False) as z:
-                arrs = {k: z[k] for k in _ARRAYS}
-                token = z["token"] if "token" in z.files else None
-                look = z["lookahead"] if "lookahead" in z.files else None
+                arrs = {k: z[k] if k in z.files else None if k in _OPTIONAL else z[k]
+                        for k in TOKEN_ARRAYS + STEP_ARRAYS}
                 names = [str(x) for x in z["domain_names"]]
-            return Routing(meta=tf.meta, domain_names=names, token=token, lookahead=look, digest=tf.digest,
-                           path=tf.path, **arrs)
+            return Routing(meta=tf.meta, domain_names=names, digest=tf.digest, path=tf.path, **arrs)
         except Exception:  # damaged or foreign: decode again and overwrite
             path.unlink(missing_ok=True)
-    r = decode(tf, candidates=candidates)
-    arrs = {k: getattr(r, k) for k in _ARRAYS}
-    if r.token is not None:
-        arrs["token"] = r.token
-    if r.lookahead is not None:
-        arrs["lookahead"] = r.lookahead
+    r = decode(tf, candidates=candidates, logits=logits)
+    arrs = {k: a for k in TOKEN_ARRAYS + STEP_ARRAYS if (a := getattr(r, k)) is not None}
     if sum(a.nbytes for a in arrs.values()) <= MAX_BYTES:
         try:
             with atomic(path) as tmp, open(tmp, "wb") as f:

@@ -39,6 +39,16 @@ def rank_order(ids: np.ndarray, scores: np.ndarray, ids_sorted: bool = False) ->
     return order
 
 
+def first_unranked_row(ids: np.ndarray, scores: np.ndarray, ties_by_id: bool = True) -> int:
+    """The first row of candidates ids [n, M] whose selection scores [n, M] are not in rank order (a
+    score above the one before it, or with ``ties_by_id`` an equal score with a lower id), else n."""
+    up = scores[:, 1:] > scores[:, :-1]
+    if ties_by_id:
+        up |= (scores[:, 1:] == scores[:, :-1]) & (ids[:, 1:] < ids[:, :-1])
+    bad = up.any(axis=1)
+    return int(np.argmax(bad)) if bad.any() else len(ids)
+
+
 def rank_rows(ids: np.ndarray, scores: np.ndarray, ids_sorted: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Sort each row by score descending, ties to the lower id. Returns (ids, scores)."""
     order = rank_order(ids, scores, ids_sorted)

@@ -51,6 +51,8 @@ def trace_info(path: str | os.PathLike | TraceFile) -> dict:
         "bytes_per_expert": dict(m.bytes_per_expert),
         "layout": m.layout,
         "candidates_per_row": m.n_candidates,
+        "schema_version": m.schema_version,
+        "candidate_scores": m.has_scores,
         "tie_order": m.tie_order,
         "columns": list(tf.columns),
         "optional_columns": optional,

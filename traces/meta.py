@@ -11,11 +11,14 @@ from typing import Any
 
 from moesim.errors import MoesimError
 
-# Version 2 adds the compact `ranked` layout; every other layout is still written as version 1, byte for
-# byte what it was, so older readers keep reading them. A reader refuses versions it does not know.
+# Version 2 added the compact `ranked` layout (move-to-front ids, only the gate scores); version 3 is the
+# ranked layout written today (plain ids and every candidate's logit). Version 2 files are still read
+# (traces/ranked_v2.py), never written. Every other layout is written as version 1, so older readers keep
+# reading them. A reader refuses versions it does not know.
 SCHEMA_VERSION = 1
-SCHEMA_VERSIONS = (1, 2)
-RANKED_SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = (1, 2, 3)
+RANKED_SCHEMA_VERSION = 3
+RANKED_SCHEMA_VERSIONS = (2, 3)
 METADATA_KEY = b"moesim"
 
 GATINGS = ("softmax", "softmax_topk", "sigmoid")
@@ -41,10 +44,16 @@ class TraceMeta:
     logits plus the log-sum-exp over all E), ``counts`` (a frequency-only
     trace: per (request, layer) row, how often each expert was selected, no
     time order; ``frequency_only`` must then be true) or ``ranked`` (schema
-    version 2, compact: the M best experts in rank order, move-to-front coded,
-    plus only the scores the gate weights need; docs/trace-format.md).
-    ``logit_scale`` (ranked only, a power of two): the gate logits are stored as
-    integer gaps in these units (synthetic traces: their 1/32 grid).
+    version 3, compact: the M best experts in rank order and their logits;
+    docs/trace-format.md). Ranked files of version 2 (move-to-front ids and
+    only the gate scores) are still read; ``logit_scale`` (version 2 only, a
+    power of two): their gate logits are integer gaps in these units.
+
+    ``scores``: whether the candidates' scores are router logits (or, for
+    softmax gatings, logits shifted by a per-row constant, e.g. log-probabilities),
+    enough to re-select among the M candidates with the model's gating. False
+    for sources without them (selected-only imports store placeholder scores, a
+    sigmoid router's imported weights are no logits); ``has_scores`` is the test.
 
     ``tie_order``: how equal scores and equal gate weights are ranked.
     ``lower_id`` (the default, and every trace written before the field existed):
@@ -74,6 +83,7 @@ class TraceMeta:
     frequency_only: bool = False
     tie_order: str = "lower_id"
     logit_scale: float | None = None
+    scores: bool = True
     tracer: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
@@ -102,17 +112,26 @@ class TraceMeta:
     def n_layers(self) -> int:
         return len(self.moe_layers)
 
+    @property
+    def has_scores(self) -> bool:
+        """Do the rows carry candidate scores a step policy can re-select with (Routing.logits)? Not a
+        counts trace, a version-2 ranked one (it kept only the gate scores of the selection) or one whose
+        metadata says ``scores: false``. (A selected-only import written before that field existed is
+        found when decoded: its placeholder scores are all equal, and Routing.logits is None.)"""
+        return (self.scores and self.layout != "counts"
+                and not (self.layout == "ranked" and self.schema_version == 2))
+
     def check(self) -> None:
         """Raise MoesimError on metadata that cannot describe a valid trace."""
         if self.schema_version not in SCHEMA_VERSIONS:
             raise MoesimError(_version_error(self.schema_version))
-        if (self.layout == "ranked") != (self.schema_version == RANKED_SCHEMA_VERSION):
+        if (self.layout == "ranked") != (self.schema_version in RANKED_SCHEMA_VERSIONS):
             raise MoesimError(f"schema version {self.schema_version} does not go with the {self.layout} layout "
-                              f"(version {RANKED_SCHEMA_VERSION} is the ranked layout, version 1 the others)")
+                              f"(versions 2 and 3 are the ranked layout, version 1 the others)")
         for name in ("model_id", "family"):
             if not isinstance(getattr(self, name), str):
                 raise MoesimError(f"trace metadata field {name} must be a string, got {getattr(self, name)!r}")
-        for name in ("norm_topk_prob", "synthetic", "frequency_only"):
+        for name in ("norm_topk_prob", "synthetic", "frequency_only", "scores"):
             if not isinstance(getattr(self, name), bool):
                 raise MoesimError(f"trace metadata field {name} must be true or false, got {getattr(self, name)!r}")
         for name in ("tracer", "source", "bytes_per_expert"):
@@ -147,10 +166,11 @@ class TraceMeta:
             raise MoesimError("a dense trace scores all E experts (n_candidates must equal E)")
         if self.logit_scale is not None:
             ls = self.logit_scale
-            if (self.layout != "ranked" or isinstance(ls, bool) or not isinstance(ls, (int, float))
-                    or not math.isfinite(ls) or ls <= 0 or math.frexp(ls)[0] != 0.5):
-                raise MoesimError(f"logit_scale must be a power of two and only goes with the ranked layout, "
-                                  f"got {ls!r}")
+            if (self.layout != "ranked" or self.schema_version != 2 or isinstance(ls, bool)
+                    or not isinstance(ls, (int, float)) or not math.isfinite(ls) or ls <= 0
+                    or math.frexp(ls)[0] != 0.5):
+                raise MoesimError(f"logit_scale must be a power of two and only goes with the ranked layout of "
+                                  f"schema version 2, got {ls!r}")
             if self.gating == "sigmoid" or self.top_k < 2:
                 raise MoesimError("logit_scale (gate logits as gaps) needs softmax gating and top-k >= 2")
         if self.layout in ("sparse", "ranked") and not (self.top_k <= self.n_candidates <= self.n_experts):
@@ -183,6 +203,8 @@ class TraceMeta:
             del doc["tie_order"]
         if doc["logit_scale"] is None:
             del doc["logit_scale"]  # likewise
+        if doc["scores"]:
+            del doc["scores"]  # likewise
         return json.dumps(doc, sort_keys=True)
 
     @classmethod

@@ -1,45 +1,42 @@
-"""The ranked layout's byte packing and its move-to-front state (the codec itself: traces/mtf.py)."""
+"""The ranked layout's bytes (schema version 3): per row the M candidates' ids in rank order and their
+router logits, each row one fixed-size binary value. Parquet's BYTE_STREAM_SPLIT encoding, applied to
+these columns, splits a row group's values into one stream per byte position (a candidate rank's low id
+bytes together, the exponents of its logits together, ...), which zstd then codes well: smaller and faster
+to write than float32 lists (docs/trace-format.md, "Bytes"). Version 2's bytes: traces/ranked_v2.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
-
-def codec():
-    """The jitted move-to-front encoder/decoder (numba's on-disk cache, see moesim.jitcache)."""
-    from moesim.traces import mtf
-
-    return mtf
-
-
-def new_state(n_layers: int, n_experts: int) -> tuple[np.ndarray, np.ndarray]:
-    """(lists [L, E] int32: position -> expert, the decoder's state; where [L, E] int64: expert ->
-    position, the encoder's), every list 0..E-1: the state at the first row of every row group."""
-    lists = np.tile(np.arange(n_experts, dtype=np.int32), (n_layers, 1))
-    return lists, lists.astype(np.int64)
+ID_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2")}
+LOGIT_TYPE = np.dtype("<f4")
 
 
 def code_width(n_experts: int) -> int:
-    """Bytes per move-to-front code: 1 for E <= 256, else 2."""
+    """Bytes per candidate id: 1 for E <= 256, else 2 (little-endian)."""
     return 1 if n_experts <= 256 else 2
 
 
-def pack_into(codes: np.ndarray, width: int, out: np.ndarray) -> None:
-    """Codes [n, M] as bytes into ``out`` [n, M * width] uint8: one byte each, or (width 2) the M low bytes
-    then the M high bytes, so the mostly-zero high bytes sit together."""
-    if width == 1:
-        out[...] = codes
-        return
-    m = codes.shape[1]
-    np.bitwise_and(codes, 0xFF, out=out[:, :m], casting="unsafe")
-    np.right_shift(codes, 8, out=out[:, m:], casting="unsafe")
+def id_bytes(ids: np.ndarray, width: int) -> np.ndarray:
+    """Ids [n, M] (in 0..E-1, checked by the caller) as bytes [n, M * width]."""
+    a = np.ascontiguousarray(ids, dtype=ID_TYPES[width])
+    return a.view(np.uint8).reshape(a.shape[0], -1)
 
 
-def unpack(raw: np.ndarray, m: int, width: int) -> np.ndarray:
-    """Inverse of pack_into: bytes [n, M * width] -> codes [n, M] int32."""
-    if width == 1:
-        return raw.astype(np.int32)
-    return raw[:, :m].astype(np.int32) | (raw[:, m:].astype(np.int32) << 8)
+def ids_of(raw: np.ndarray, width: int) -> np.ndarray:
+    """Inverse of id_bytes: bytes [n, M * width] -> ids [n, M] int64."""
+    return np.ascontiguousarray(raw).view(ID_TYPES[width]).astype(np.int64)
+
+
+def logit_bytes(x: np.ndarray) -> np.ndarray:
+    """Logits [n, M] as float32 bytes [n, 4M]."""
+    a = np.ascontiguousarray(x, dtype=LOGIT_TYPE)
+    return a.view(np.uint8).reshape(a.shape[0], -1)
+
+
+def logits_of(raw: np.ndarray) -> np.ndarray:
+    """Inverse of logit_bytes: bytes [n, 4M] -> float32 [n, M] (native byte order)."""
+    return np.ascontiguousarray(raw).view(LOGIT_TYPE).astype(np.float32)
 
 
 def binary_column(raw: np.ndarray, valid: np.ndarray | None = None):
@@ -54,29 +51,18 @@ def binary_column(raw: np.ndarray, valid: np.ndarray | None = None):
                                                 [bitmap, pa.py_buffer(raw)], null_count=nulls)
 
 
-def gap_columns(gaps: np.ndarray):
-    """Gaps [n, k-1] in 0..65535 as (gate_gaps: the low bytes, gate_gaps_high: the high bytes,
-    null in rows whose gaps all fit a byte), or None when a gap is out of that range."""
-    from moesim.traces.ranked_bytes import split_gaps
-
-    g = np.asarray(gaps)
-    low, high, some, ok = split_gaps(
-        np.ascontiguousarray(g if g.size else g.astype(np.int64)))
-    return (binary_column(low), binary_column(high, some)) if ok else None
-
-
-def gaps_of(low_col, high_col, width: int) -> np.ndarray:
-    """Inverse of gap_columns: int32 [n, width]."""
-    g = binary_rows(low_col, width).astype(np.int32)
-    if high_col is not None and high_col.null_count < len(high_col):
-        rows = np.asarray(high_col.is_valid())
-        g[rows] |= binary_rows(high_col, width)[rows].astype(np.int32) << 8
-    return g
-
-
 def binary_rows(col, width: int) -> np.ndarray:
     """An Arrow fixed_size_binary(width) array (no nulls) as bytes [n, width]."""
     buf = col.buffers()[1]
     n = len(col)
     flat = np.frombuffer(buf, dtype=np.uint8, count=(col.offset + n) * width)
     return flat[col.offset * width:].reshape(n, width)
+
+
+def first_bad_row(ids: np.ndarray, n_experts: int) -> int:
+    """The first row of ids [n, M] holding an id outside 0..E-1 or repeating one, else n (jitted:
+    traces/ranked_check.py)."""
+    from moesim.traces.ranked_check import first_bad_row as check
+
+    a = ids if ids.dtype in (np.int16, np.int32, np.int64) else ids.astype(np.int64)
+    return int(check(np.ascontiguousarray(a), n_experts))

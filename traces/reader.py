@@ -134,12 +134,19 @@ class TraceFile:
         from moesim.traces.ranked import code_width
 
         meta = self.meta
-        want = {"ranked_ids": meta.n_candidates * code_width(meta.n_experts)}
-        if meta.logit_scale is not None:
-            want["gate_gaps"] = want["gate_gaps_high"] = meta.top_k - 1
-        elif "weights" not in names and "gate_logits" not in names:
-            raise MoesimError(f"{self.path}: a ranked trace needs gate_logits, gate_gaps or weights for its "
-                              "gate weights")
+        m = meta.n_candidates
+        want = {"ranked_ids": m * code_width(meta.n_experts)}
+        if meta.schema_version == 2:
+            if meta.logit_scale is not None:
+                want["gate_gaps"] = want["gate_gaps_high"] = meta.top_k - 1
+            elif "weights" not in names and "gate_logits" not in names:
+                raise MoesimError(f"{self.path}: a ranked trace needs gate_logits, gate_gaps or weights for its "
+                                  "gate weights")
+        else:
+            want["ranked_logits"] = 4 * m
+            if meta.gating == "sigmoid" and meta.n_group > 1 and "selected" not in names:
+                raise MoesimError(f"{self.path}: a ranked trace of group-limited sigmoid routing needs the "
+                                  "selected column (its selection is not the k first-ranked candidates)")
         for name, width in want.items():
             t = self.schema.field(name).type
             if not (pa.types.is_fixed_size_binary(t) and t.byte_width == width):
@@ -179,7 +186,7 @@ class TraceFile:
                            row_groups: list[int] | None = None) -> Iterator[tuple[int, bool, pa.RecordBatch]]:
         """Like iter_batches, optionally only the given row groups, yielding (file row index of the
         batch's first row, first batch of its row group?, batch). A row group decodes on its own in
-        every layout (the ranked layout's move-to-front state restarts at each)."""
+        every layout (version-2 ranked traces restart their move-to-front state at each)."""
         # One row group at a time: iter_batches over the whole file reads ahead across groups.
         for i in range(self._pf.num_row_groups) if row_groups is None else row_groups:
             want, got = self._pf.metadata.row_group(i).num_rows, 0

@@ -24,6 +24,13 @@ class Routing:
     - ``sel`` [T, L, k] int16: the selected experts, rank 0 (highest gate weight) first;
     - ``w`` [T, L, k] float32: their gate weights, normalized to sum to 1;
     - ``cand`` [T, L, M] int16: the scored experts, best selection score first;
+    - ``logits`` [T, L, M] float32 or None: the router logits of ``cand``'s experts, in the same order:
+      enough to redo any (biased) re-selection of the top-k among the M candidates and its gate weights
+      with the model's gating (traces/gating.py). Exact for sigmoid gating; for the softmax gatings they
+      may be the logits shifted by a constant per step (log-probabilities, as some sources give), which
+      softmax weights and any re-selection ignore. None when the trace has no candidate scores
+      (``has_scores``: frequency-only and version-2 ranked traces, selected-only imports) or the caller
+      did not ask for them (``load_routing(logits=False)``);
     - ``lookahead`` [T, L, k] int16 or None: the experts MoE layer l+1's router selects when applied
       to layer l's input, rank order; -1 where unknown (all of the last layer); None when the trace
       has no ``lookahead`` column;
@@ -42,6 +49,7 @@ class Routing:
     w: np.ndarray
     cand: np.ndarray
     lookahead: np.ndarray | None = None
+    logits: np.ndarray | None = None
     digest: str = ""
     path: Path | None = None
     _memo: dict = field(default_factory=dict, repr=False)
@@ -69,6 +77,11 @@ class Routing:
     @property
     def n_sequences(self) -> int:
         return int(len(np.unique(self.seq)))
+
+    @property
+    def has_scores(self) -> bool:
+        """Does this routing carry its candidates' scores (``logits``), which a step policy re-selects with?"""
+        return self.logits is not None
 
     @property
     def synthetic(self) -> bool:
@@ -109,14 +122,30 @@ class Routing:
         return self.derived("next_requests", compute)
 
 
-def load_routing(path: str | os.PathLike | TraceFile, *, candidates: int | None = None) -> Routing:
+# the per-token and the per-step arrays of a Routing, as decoded (the decode cache and a sweep's shared copies
+# hold these)
+TOKEN_ARRAYS = ("seq", "pos", "phase", "domain", "token")
+STEP_ARRAYS = ("sel", "w", "cand", "logits", "lookahead")
+
+
+def load_routing(path: str | os.PathLike | TraceFile, *, candidates: int | None = None,
+                 logits: bool = True) -> Routing:
     """Read, validate and decode a trace. ``candidates`` keeps only the best M
-    scored experts per step (the substitution candidates); default: all stored."""
+    scored experts per step (the substitution candidates, and their logits); default: all stored.
+    ``logits=False`` leaves the candidates' scores out (Routing.logits None: 4 bytes per candidate less)."""
     tf = path if isinstance(path, TraceFile) else TraceFile(path)
-    return decode(tf, candidates=candidates)
+    return decode(tf, candidates=candidates, logits=logits)
 
 
-def decode(tf: TraceFile, *, candidates: int | None = None) -> Routing:
+def placeholder_scores(meta: TraceMeta, logits: np.ndarray) -> bool:
+    """Are these a selected-only import's placeholder scores (tie order stored, every row's scores
+    equal), which files written before the ``scores`` metadata field carry? Such a trace has no
+    candidate scores."""
+    flat = logits.reshape(-1, logits.shape[-1]) if logits.size else logits.reshape(0, 1)
+    return meta.tie_order == "stored" and bool((flat == flat[:, :1]).all())
+
+
+def decode(tf: TraceFile, *, candidates: int | None = None, logits: bool = True) -> Routing:
     meta = tf.meta
     if meta.frequency_only:
         raise MoesimError(f"{tf.path}: a frequency-only trace (expert counts without time order) cannot be decoded "
@@ -132,11 +161,16 @@ def decode(tf: TraceFile, *, candidates: int | None = None) -> Routing:
     sel = np.empty((T * L, k), dtype=np.int16)
     w = np.empty((T * L, k), dtype=np.float32)
     cand = np.empty((T * L, M), dtype=np.int16)
-    for rows, ranked, s_ord, w_ord in _decoded_batches(tf, idx.target % L):
+    lg = np.empty((T * L, M), dtype=np.float32) if logits and meta.has_scores else None
+    for rows, ranked, s_ord, w_ord, x in _decoded_batches(tf, idx.target % L):
         tgt = idx.target[rows]
         cand[tgt] = ranked[:, :M]
         sel[tgt] = s_ord
         w[tgt] = w_ord
+        if lg is not None:
+            lg[tgt] = x[:, :M]
+    if lg is not None and placeholder_scores(meta, lg):
+        lg = None
 
     look = read_lookahead(tf, idx.target) if "lookahead" in tf.columns else None
     tok = idx.tok_rows
@@ -152,6 +186,7 @@ def decode(tf: TraceFile, *, candidates: int | None = None) -> Routing:
         w=w.reshape(T, L, k),
         cand=cand.reshape(T, L, M),
         lookahead=look,
+        logits=None if lg is None else lg.reshape(T, L, M),
         digest=tf.digest,
         path=tf.path,
     )
@@ -182,8 +217,13 @@ def read_lookahead(tf: TraceFile, target: np.ndarray, row_groups: list[int] | No
 def _decoded_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
     """Decode the score columns a row group at a time (all, or only ``row_groups``). Yields (row
     slice of the file, candidates ranked by selection score [n, M], selected [n, k] in rank order,
-    their normalized weights [n, k]). Only one batch of scores is in memory at a time, in every
-    layout; ``layer_ord`` holds every file row's layer ordinal."""
+    their normalized weights [n, k], the candidates' logits [n, M] float32 or None: version-2 ranked
+    traces keep none). Only one batch of scores is in memory at a time, in every layout; ``layer_ord``
+    holds every file row's layer ordinal."""
+    if tf.meta.layout == "ranked" and tf.meta.schema_version == 2:
+        from moesim.traces import ranked_v2
+        yield from ranked_v2.batches(tf, layer_ord, row_groups)
+        return
     if tf.meta.layout == "ranked":
         yield from _ranked_batches(tf, layer_ord, row_groups)
         return
@@ -196,28 +236,35 @@ class GateInputs:
     """Rows of a dense or sparse trace decoded up to the gate: ``ranked`` [n, M] candidates,
     ``sel`` [n, k] the selection (not yet ordered by weight), and what its weights come from:
     ``raw_weights`` (the trace's weights column) or ``sel_logits`` (the selected experts' logits).
-    ``first_k``: the selection is the k first-ranked candidates (no selected column, no group limit)."""
+    ``first_k``: the selection is the k first-ranked candidates (no selected column, no group limit).
+    ``ranked_vals``: the ranked candidates' logits [n, M] (float64 of the stored float32)."""
 
     ranked: np.ndarray
     sel: np.ndarray
     raw_weights: np.ndarray | None
     sel_logits: np.ndarray | None
     first_k: bool
+    ranked_vals: np.ndarray
 
     def weights(self, meta: TraceMeta, where: str) -> np.ndarray:
         if self.raw_weights is not None:
-            try:
-                return gating.normalize(self.raw_weights)
-            except MoesimError as exc:
-                raise MoesimError(f"{where}: {exc}") from None
+            return _normalized(self.raw_weights, where)
         assert self.sel_logits is not None
         return gating.gate_weights(self.sel_logits, meta.gating)
 
-    def decoded(self, meta: TraceMeta, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ranked candidates, selected in rank order, their normalized weights)."""
+    def decoded(self, meta: TraceMeta, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(ranked candidates, selected in rank order, their normalized weights, the candidates' logits
+        float32)."""
         s_ord, w_ord = gating.order_selected(self.sel, self.weights(meta, where),
                                              keep_stored=meta.tie_order == "stored")
-        return self.ranked, s_ord, w_ord
+        return self.ranked, s_ord, w_ord, self.ranked_vals.astype(np.float32)
+
+
+def _normalized(raw: np.ndarray, where: str) -> np.ndarray:
+    try:
+        return gating.normalize(raw)
+    except MoesimError as exc:
+        raise MoesimError(f"{where}: {exc}") from None
 
 
 def gate_inputs(meta: TraceMeta, ids: np.ndarray, vals: np.ndarray, bias_rows: np.ndarray | None,
@@ -229,29 +276,31 @@ def gate_inputs(meta: TraceMeta, ids: np.ndarray, vals: np.ndarray, bias_rows: n
     score = gating.selection_scores(vals, meta.gating, bias_rows)
     order = gating.rank_order(ids, score, ids_sorted=dense or stored)
     ranked_ids = np.take_along_axis(ids, order, axis=1)
+    ranked_vals = np.take_along_axis(vals, order, axis=1)
     if selected is not None:
         if weights is not None:
-            return GateInputs(ranked_ids, selected, weights, None, False)
+            return GateInputs(ranked_ids, selected, weights, None, False, ranked_vals)
         sel_logits, found = gating.lookup(ids, vals, selected, dense=dense)
         if not found.all():
             raise MoesimError(f"{where}: a selected expert is not among the row's scored candidates and "
                               "the trace stores no weights to weigh it")
-        return GateInputs(ranked_ids, selected, None, sel_logits, False)
+        return GateInputs(ranked_ids, selected, None, sel_logits, False, ranked_vals)
     if meta.gating == "sigmoid" and meta.n_group > 1:
         if not dense:
             raise MoesimError(f"{where}: group-limited sigmoid routing needs dense logits or a "
                               "'selected' column")
         s = gating.group_limited_topk(score, k, meta.n_group, meta.topk_group)
         sel_logits, _ = gating.lookup(ids, vals, s, dense=dense)
-        return GateInputs(ranked_ids, s, None, sel_logits, False)
-    return GateInputs(ranked_ids, ranked_ids[:, :k], None, np.take_along_axis(vals, order[:, :k], axis=1), True)
+        return GateInputs(ranked_ids, s, None, sel_logits, False, ranked_vals)
+    return GateInputs(ranked_ids, ranked_ids[:, :k], None, ranked_vals[:, :k], True, ranked_vals)
 
 
 def decode_scores(meta: TraceMeta, ids: np.ndarray, vals: np.ndarray, bias_rows: np.ndarray | None,
                   selected: np.ndarray | None, weights: np.ndarray | None, where: str = "routing"
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rows of scores as a trace stores them -> (candidates ranked by selection score [n, M],
-    selected [n, k] in rank order, their normalized weights [n, k]). ``ids``/``vals``: the
+    selected [n, k] in rank order, their normalized weights [n, k], the candidates' logits in that
+    order [n, M] float32). ``ids``/``vals``: the
     scored experts and their logits (float64 of the stored float32); ``bias_rows``: the
     selection bias of each row's ids; ``selected``/``weights``: the model's own choice when
     stored. The one decode both a trace file and the emulator's in-memory routing go through
@@ -289,59 +338,61 @@ def _weights(batch: pa.RecordBatch, k: int, path: Path) -> np.ndarray:
 
 
 def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] | None = None):
-    """_decoded_batches of the ranked layout: move-to-front decode of the candidates (state restarted
-    at every row group), the selection and its gate weights from the stored gate column."""
+    """_decoded_batches of the ranked layout (version 3): the candidates as stored, in rank order (checked:
+    ids distinct and in range, logits finite and ranked), the selection (``selected``, else the k
+    first-ranked) and its gate weights (``weights``, else from the selection's logits)."""
     from moesim.traces import ranked as rk
 
     meta = tf.meta
-    L, k, E, M = meta.n_layers, meta.top_k, meta.n_experts, meta.n_candidates
+    k, E, M = meta.top_k, meta.n_experts, meta.n_candidates
     has_sel, has_w = "selected" in tf.columns, "weights" in tf.columns
-    gaps = meta.logit_scale is not None
-    logits = not gaps and not has_w
     stored = meta.tie_order == "stored"
     width = rk.code_width(E)
-    cols = ["ranked_ids"] + ["gate_gaps", "gate_gaps_high"] * gaps + ["gate_logits"] * logits + ["selected"] * has_sel \
-        + ["weights"] * has_w
-    mtf = rk.codec()
-    lists = None
-    for start, first, batch in tf.iter_group_batches(cols, row_groups=row_groups):
+    bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
+    cols = ["ranked_ids", "ranked_logits"] + ["selected"] * has_sel + ["weights"] * has_w
+    for start, _, batch in tf.iter_group_batches(cols, row_groups=row_groups):
         n = batch.num_rows
         rows = slice(start, start + n)
-        if first or lists is None:
-            lists, _ = rk.new_state(L, E)
-        col = batch.column("ranked_ids")
-        if col.null_count:
-            raise MoesimError(f"{tf.path}: column ranked_ids has missing values")
-        codes = rk.unpack(rk.binary_rows(col, M * width), M, width)
+        raw = {}
+        for name, size in (("ranked_ids", M * width), ("ranked_logits", 4 * M)):
+            col = batch.column(name)
+            if col.null_count:
+                raise MoesimError(f"{tf.path}: column {name} has missing values")
+            raw[name] = rk.binary_rows(col, size)
+        ids = rk.ids_of(raw["ranked_ids"], width)
+        bad = rk.first_bad_row(ids, E)
+        if bad < n:
+            raise MoesimError(f"{tf.path}: column ranked_ids row {start + bad} holds an expert id outside 0..{E - 1} "
+                              "or repeats one (damaged file)")
+        x = rk.logits_of(raw["ranked_logits"])
+        with np.errstate(invalid="ignore"):
+            vals = x.astype(np.float64)
+        if not np.isfinite(vals).all():
+            raise MoesimError(f"{tf.path}: column ranked_logits holds NaN or infinite values")
         # layer_ord is only sliced by file rows (a streamed decode passes one row group's ordinals)
-        ids, good = mtf.decode(codes, np.ascontiguousarray(layer_ord[rows], dtype=np.int32), lists)
-        if good < n:
-            raise MoesimError(f"{tf.path}: column ranked_ids row {start + good} holds a code out of 0..{E - 1} or "
-                              "repeats one (damaged file)")
-        ranked = ids.astype(np.int64)
+        bias_rows = bias[np.asarray(layer_ord[rows])[:, None], ids] if bias is not None else None
+        bad = gating.first_unranked_row(ids, gating.selection_scores(vals, meta.gating, bias_rows), not stored)
+        if bad < n:
+            raise MoesimError(f"{tf.path}: ranked_logits row {start + bad} is not in rank order (best selection "
+                              "score first" + ("" if stored else ", equal scores lower id first") + "; damaged file)")
         if has_sel:
             s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
             _check_ids(s, E, "selected", tf.path)
         else:
-            s = ranked[:, :k]
+            s = ids[:, :k]
         if has_w:
-            ww = GateInputs(ranked, s, _weights(batch, k, tf.path), None, False).weights(meta, str(tf.path))
-        elif gaps:
-            gcol = batch.column("gate_gaps")
-            if gcol.null_count:
-                raise MoesimError(f"{tf.path}: column gate_gaps has missing values")
-            g = rk.gaps_of(gcol, batch.column("gate_gaps_high"), k - 1)
-            x = np.zeros((n, k), dtype=np.float64)
-            # logits relative to the first-ranked one: softmax gate weights do not change under a shift
-            np.cumsum(-g, axis=1, out=x[:, 1:])
-            ww = gating.gate_weights(x * meta.logit_scale, meta.gating)
+            ww = _normalized(_weights(batch, k, tf.path), str(tf.path))
         else:
-            gl = _fixed(batch.column("gate_logits"), k, np.float64, "gate_logits", tf.path)
-            if not np.isfinite(gl).all():
-                raise MoesimError(f"{tf.path}: column gate_logits holds NaN or infinite values")
-            ww = gating.gate_weights(gl, meta.gating)
+            if has_sel:
+                sel_logits, found = gating.lookup(ids, vals, s)
+                if not found.all():
+                    raise MoesimError(f"{tf.path}: a selected expert is not among the row's candidates and the "
+                                      "trace stores no weights to weigh it")
+            else:
+                sel_logits = vals[:, :k]
+            ww = gating.gate_weights(sel_logits, meta.gating)
         s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
-        yield rows, ranked, s_ord, w_ord
+        yield rows, ids, s_ord, w_ord, x
 
 
 def validate_trace(path: str | os.PathLike | TraceFile) -> dict:
@@ -377,7 +428,7 @@ def expert_counts(trace: str | os.PathLike | TraceFile | Routing) -> np.ndarray:
     L, E = tf.meta.n_layers, tf.meta.n_experts
     layer_ord = idx.target % L
     out = np.zeros(L * E, dtype=np.int64)
-    for rows, _, s_ord, _ in _decoded_batches(tf, layer_ord):
+    for rows, _, s_ord, _, _ in _decoded_batches(tf, layer_ord):
         out += np.bincount((layer_ord[rows][:, None] * E + s_ord).reshape(-1), minlength=L * E)
     return out.reshape(L, E)
 

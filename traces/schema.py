@@ -2,14 +2,15 @@
 
 A frequency-only trace (layout ``counts``) has one row per (request, MoE layer)
 instead, with ``pos`` = 0 and a ``counts`` column of E integers. The ``ranked``
-layout (schema version 2) stores move-to-front codes of the ranked candidates
-and only the scores the gate weights need (docs/trace-format.md).
+layout (schema version 3) stores the ranked candidates and their logits as
+fixed-size binary rows (docs/trace-format.md); its version 2 is still read.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
+from moesim.errors import MoesimError
 from moesim.traces.meta import METADATA_KEY, TraceMeta
 
 KEY_COLUMNS = ("seq", "pos", "layer")
@@ -17,7 +18,7 @@ REQUIRED_COLUMNS = ("seq", "pos", "layer", "phase")
 DENSE_COLUMNS = ("logits",)
 SPARSE_COLUMNS = ("top_ids", "top_logits", "lse")
 COUNTS_COLUMNS = ("counts",)
-RANKED_COLUMNS = ("ranked_ids",)
+RANKED_COLUMNS = ("ranked_ids", "ranked_logits")
 LAYOUT_COLUMNS = {"dense": DENSE_COLUMNS, "sparse": SPARSE_COLUMNS, "counts": COUNTS_COLUMNS,
                   "ranked": RANKED_COLUMNS}
 
@@ -25,22 +26,25 @@ LAYOUT_COLUMNS = {"dense": DENSE_COLUMNS, "sparse": SPARSE_COLUMNS, "counts": CO
 def required_columns(meta: TraceMeta) -> tuple[str, ...]:
     """Columns a trace with this metadata must have. The phase of a counts row is
     optional: MoE-Infinity-style counts cover a whole request, prompt and output.
-    A ranked trace also needs its gate scores: ``gate_gaps`` with a ``logit_scale``,
-    else ``gate_logits`` unless it stores ``weights`` (checked by the reader)."""
+    A version-2 ranked trace has ``ranked_ids`` and its gate scores: ``gate_gaps`` with a
+    ``logit_scale``, else ``gate_logits`` unless it stores ``weights`` (checked by the reader)."""
     keys = KEY_COLUMNS if meta.layout == "counts" else REQUIRED_COLUMNS
     cols = LAYOUT_COLUMNS[meta.layout]
-    if meta.layout == "ranked" and meta.logit_scale is not None:
-        cols = (*cols, "gate_gaps", "gate_gaps_high")
+    if meta.layout == "ranked" and meta.schema_version == 2:
+        cols = ("ranked_ids",) + (("gate_gaps", "gate_gaps_high") if meta.logit_scale is not None else ())
     return (*keys, *cols)
 
 
-def gate_column(meta: TraceMeta, weights: bool) -> str | None:
-    """The ranked layout's gate-score column: ``gate_gaps`` (integer gaps in ``logit_scale`` units
-    between the k first-ranked logits), ``gate_logits`` (the logits of the selected experts), or
-    none when the trace stores the weights themselves."""
-    if meta.logit_scale is not None:
-        return "gate_gaps"
-    return None if weights else "gate_logits"
+def byte_stream_split(schema: pa.Schema) -> list[str]:
+    """The leaf columns written with Parquet's BYTE_STREAM_SPLIT encoding: the float scores and the ranked
+    layout's binary rows (a list's leaf is ``NAME.list.element``: the top-level name alone does not apply)."""
+    out = []
+    for f in schema:
+        if f.name in ("logits", "top_logits", "weights", "gate_logits"):
+            out.append(f"{f.name}.list.element")
+        elif f.name in ("lse", "ranked_ids", "ranked_logits"):
+            out.append(f.name)
+    return out
 
 
 def arrow_schema(meta: TraceMeta, *, domain: bool, token: bool, selected: bool, weights: bool,
@@ -68,15 +72,12 @@ def arrow_schema(meta: TraceMeta, *, domain: bool, token: bool, selected: bool, 
     elif meta.layout == "ranked":
         from moesim.traces.ranked import code_width
 
-        fields.append(pa.field("ranked_ids", pa.binary(meta.n_candidates * code_width(meta.n_experts)),
-                               nullable=False))
-        gate = gate_column(meta, weights)
-        if gate == "gate_gaps":
-            # low bytes; the high bytes only in the rare rows with a gap >= 256 (null elsewhere: no bytes)
-            fields += [pa.field("gate_gaps", pa.binary(meta.top_k - 1), nullable=False),
-                       pa.field("gate_gaps_high", pa.binary(meta.top_k - 1))]
-        elif gate == "gate_logits":
-            fields.append(pa.field("gate_logits", pa.list_(pa.float32(), meta.top_k), nullable=False))
+        if meta.schema_version != 3:
+            raise MoesimError(f"ranked traces are written as schema version 3 (version {meta.schema_version} "
+                              "is read only)")
+        m = meta.n_candidates
+        fields += [pa.field("ranked_ids", pa.binary(m * code_width(meta.n_experts)), nullable=False),
+                   pa.field("ranked_logits", pa.binary(4 * m), nullable=False)]
     else:
         fields.append(pa.field("counts", pa.list_(pa.int32(), meta.n_experts), nullable=False))
     if selected:

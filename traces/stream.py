@@ -9,6 +9,8 @@ streaming a routing on purpose). Per-token keys (sequence, phase: 5 bytes a toke
 requests per expert stay in memory; the [tokens, layers, k] arrays live in the files:
 
 - ``sel.bin`` int16, ``w.bin`` float32 [T, L, k]; ``cand.bin`` int16 [T, L, M] (substitution candidates);
+- ``logits.bin`` float32 [T, L, M], the candidates' router logits (Routing.logits), when asked for and the
+  trace has them (``from_file(..., logits=True)``; a Routing's whenever it carries them);
 - ``next.bin`` uint32 [T, L, k], written on demand by a reverse pass over the chunks (Belady): the
   distance to the same expert's next request, (tokens ahead) * k + its rank, 2^32 - 1 for never.
 """
@@ -29,11 +31,11 @@ import numpy as np
 from moesim.errors import MoesimError
 from moesim.traces.meta import PHASES, TraceMeta
 from moesim.traces.reader import TraceFile
-from moesim.traces.routing import Routing, _decoded_batches
+from moesim.traces.routing import Routing, _decoded_batches, placeholder_scores
 
 CHUNK_BYTES = 32 << 20  # decoded bytes per chunk a replay reads (about; whole tokens)
 NO_NEXT = np.uint32(0xFFFFFFFF)
-_FILES = {"sel": np.int16, "w": np.float32, "cand": np.int16, "next": np.uint32}
+_FILES = {"sel": np.int16, "w": np.float32, "cand": np.int16, "logits": np.float32, "next": np.uint32}
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Chunk:
     cand: np.ndarray
     next_req: np.ndarray  # int64 ticks (traces/derived.py); empty when not asked for
     seq: np.ndarray
+    logits: np.ndarray  # float32 [n, L, M], the candidates' logits; [n, L, 0] when not asked for
 
 
 class DecodedStore:
@@ -54,7 +57,7 @@ class DecodedStore:
     across runs."""
 
     def __init__(self, directory: Path, meta: TraceMeta, seq: np.ndarray, phase: np.ndarray, counts: np.ndarray,
-                 digest: str, path: Path | None, n_candidates: int, owned: bool):
+                 digest: str, path: Path | None, n_candidates: int, owned: bool, has_scores: bool = False):
         self.dir = Path(directory)
         self.meta = meta
         self.seq = seq
@@ -63,6 +66,7 @@ class DecodedStore:
         self.digest = digest
         self.path = path
         self.n_candidates = n_candidates
+        self.has_scores = has_scores  # logits.bin holds the candidates' logits (Routing.has_scores)
         self._owned = owned
         self._first: np.ndarray | None = None
         self._memo: dict = {}
@@ -96,16 +100,18 @@ class DecodedStore:
         """Tokens per chunk: ``chunk_tokens``, else MOESIM_STREAM_TOKENS, else about CHUNK_BYTES."""
         n = chunk_tokens or stream_tokens_env()
         if not n:
-            per_token = self.n_layers * (self.top_k * (2 + 4 + 8) + 2 * self.n_candidates)
+            per_token = self.n_layers * (self.top_k * (2 + 4 + 8) + (2 + 4 * self.has_scores) * self.n_candidates)
             n = max(1, CHUNK_BYTES // per_token)
         return int(min(n, self.n_tokens))
 
     # ------------------------------------------------------------------------------------------ build
     @classmethod
     def from_file(cls, source, directory: str | os.PathLike | None = None, *, candidates: bool = True,
-                  chunk_tokens: int | None = None) -> DecodedStore:
+                  logits: bool = False, chunk_tokens: int | None = None) -> DecodedStore:
         """Decode a trace file into a new store (in ``directory``, default a new temporary one).
-        ``candidates=False`` leaves the substitution candidates out (replays that never substitute)."""
+        ``candidates=False`` leaves the substitution candidates out (replays that never substitute);
+        ``logits=True`` also stores their logits, when the trace has them (``has_scores`` says; step
+        policies need them)."""
         tf = source if isinstance(source, TraceFile) else TraceFile(source)
         meta = tf.meta
         if meta.frequency_only:
@@ -115,20 +121,28 @@ class DecodedStore:
         try:
             L, E = meta.n_layers, meta.n_experts
             M = meta.n_candidates if candidates else 0
+            scored = bool(M) and logits and meta.has_scores
             counts = np.zeros(L * E, np.int64)
             seqs, phases = [], []
-            with _Writers(d, ("sel", "w", "cand")) as out:
-                for seq, phase, sel, w, cand in token_chunks(tf, chunk_tokens or 1024):
+            placeholder = scored  # until a row's scores differ (routing.placeholder_scores)
+            with _Writers(d, ("sel", "w", "cand") + ("logits",) * scored) as out:
+                for seq, phase, sel, w, cand, lg in token_chunks(tf, chunk_tokens or 1024):
                     seqs.append(seq)
                     phases.append(phase)
                     out.write("sel", sel)
                     out.write("w", w)
                     if M:
                         out.write("cand", cand)
+                    if scored:
+                        assert lg is not None  # the trace has scores
+                        out.write("logits", lg)
+                        placeholder = placeholder and placeholder_scores(meta, lg)
                     counts += np.bincount((sel.astype(np.int64) + (np.arange(L) * E)[None, :, None]).reshape(-1),
                                           minlength=L * E)
+            if placeholder:
+                (d / "logits.bin").unlink()
             store = cls(d, meta, np.concatenate(seqs), np.concatenate(phases), counts.reshape(L, E), tf.digest,
-                        tf.path, M, owned)
+                        tf.path, M, owned, scored and not placeholder)
             store._write_header()
             return store
         except BaseException:
@@ -141,12 +155,15 @@ class DecodedStore:
         """Write a decoded Routing into a new store (to replay it streamed)."""
         d, owned = _directory(directory)
         try:
-            with _Writers(d, ("sel", "w", "cand")) as out:
+            with _Writers(d, ("sel", "w", "cand") + ("logits",) * (routing.logits is not None)) as out:
                 out.write("sel", routing.sel)
                 out.write("w", routing.w)
                 out.write("cand", routing.cand)
+                if routing.logits is not None:
+                    out.write("logits", routing.logits)
             store = cls(d, routing.meta, np.asarray(routing.seq, np.int32), np.asarray(routing.phase, np.int8),
-                        routing.request_counts(), routing.digest, routing.path, routing.n_candidates, owned)
+                        routing.request_counts(), routing.digest, routing.path, routing.n_candidates, owned,
+                        routing.logits is not None)
             store._write_header()
             return store
         except BaseException:
@@ -156,7 +173,8 @@ class DecodedStore:
 
     def _write_header(self) -> None:
         (self.dir / "store.json").write_text(json.dumps({"tokens": self.n_tokens, "digest": self.digest,
-                                                         "candidates": self.n_candidates}))
+                                                         "candidates": self.n_candidates,
+                                                         "logits": self.has_scores}))
 
     def close(self) -> None:
         if self._owned:
@@ -225,12 +243,20 @@ class DecodedStore:
     def chunks(self, chunk_tokens: int, *, stop: int | None = None, what=("sel", "w", "cand"),
                next_req: bool = False) -> Iterator[Chunk]:
         """Read the trace ``chunk_tokens`` tokens at a time into reused buffers (each chunk's arrays are
-        overwritten by the next). ``next_req``: also each request's next request tick."""
+        overwritten by the next). ``what``: the arrays to read, of sel, w, cand and logits (the others stay
+        zeros, logits and cand empty); ``next_req``: also each request's next request tick."""
         T = self.n_tokens if stop is None else stop
         L, k, M, E = self.n_layers, self.top_k, self.n_candidates, self.n_experts
+        unknown = set(what) - {"sel", "w", "cand", "logits"}
+        if unknown:
+            raise MoesimError(f"a stored trace has no array {sorted(unknown)[0]!r} (sel, w, cand, logits)")
+        if "logits" in what and not self.has_scores:
+            raise MoesimError("this stored trace keeps no candidate scores (logits): the trace has none, or it "
+                              "was stored without them (DecodedStore.from_file(..., logits=True))")
         n = max(1, min(chunk_tokens, T))
         bufs: dict[str, np.ndarray] = {"sel": np.zeros((n, L, k), np.int16), "w": np.zeros((n, L, k), np.float32),
-                "cand": np.zeros((n, L, M if "cand" in what else 0), np.int16)}
+                "cand": np.zeros((n, L, M if "cand" in what else 0), np.int16),
+                "logits": np.zeros((n, L, M if "logits" in what else 0), np.float32)}
         nxt = np.zeros((n if next_req else 0, L, k), np.int64)
         dist = np.zeros((n, L, k), np.uint32) if next_req else None
         if next_req:
@@ -240,13 +266,13 @@ class DecodedStore:
             m = min(n, T - t0)
             views = {name: b[:m] for name, b in bufs.items()}
             for name in what:
-                if name != "cand" or M:
+                if name not in ("cand", "logits") or M:
                     self._read(name, t0, m, views[name])
             if dist is not None:
                 self._read("next", t0, m, dist[:m])
                 stream_jit.ticks_from_distances(dist[:m], t0, E, nxt[:m])
             yield Chunk(t0=t0, sel=views["sel"], w=views["w"], cand=views["cand"],
-                        next_req=nxt[:m] if next_req else nxt, seq=self.seq[t0:t0 + m])
+                        next_req=nxt[:m] if next_req else nxt, seq=self.seq[t0:t0 + m], logits=views["logits"])
 
 
 def stream_tokens_env() -> int | None:
@@ -264,8 +290,9 @@ def stream_tokens_env() -> int | None:
 
 
 def decoded_bytes(meta: TraceMeta, n_rows: int) -> int:
-    """What decoding a trace of ``n_rows`` rows into memory takes, with next requests (bytes)."""
-    return n_rows * (meta.top_k * (2 + 4 + 8) + 2 * meta.n_candidates)
+    """What decoding a trace of ``n_rows`` rows into memory takes, with next requests and the candidates'
+    logits when it has them (bytes)."""
+    return n_rows * (meta.top_k * (2 + 4 + 8) + (2 + 4 * meta.has_scores) * meta.n_candidates)
 
 
 def _directory(directory) -> tuple[Path, bool]:
@@ -310,7 +337,8 @@ class _Writers:
 def token_chunks(tf: TraceFile, chunk_tokens: int):
     """Decode a trace file in token order, at least ``chunk_tokens`` whole tokens at a time (one row
     group in memory at a time, in every layout). Yields (seq [n] int32, phase [n] int8, sel [n, L, k]
-    int16, w [n, L, k] float32, cand [n, L, M] int16). The rows must come in token order; the checks of
+    int16, w [n, L, k] float32, cand [n, L, M] int16, logits [n, L, M] float32 or None when the trace has
+    no candidate scores). The rows must come in token order; the checks of
     ``TraceFile.index_keys`` (each token has every MoE layer once, its rows agree on the phase) are
     made chunk by chunk."""
     meta = tf.meta
@@ -341,18 +369,19 @@ def token_chunks(tf: TraceFile, chunk_tokens: int):
             else np.full(len(seq), -1, np.int8)
         # _decoded_batches only slices layer_ord by the file rows of the groups it reads
         group_ord = cast(np.ndarray, _GroupRows(lord, g0))
-        for rows, ranked, s_ord, w_ord in _decoded_batches(tf, group_ord, row_groups=[g]):
+        for rows, ranked, s_ord, w_ord, x in _decoded_batches(tf, group_ord, row_groups=[g]):
             r = slice(rows.start - g0, rows.stop - g0)
+            lg = x if x is not None else np.zeros((len(ranked), 0), np.float32)
             pending.append((key[r], seq[r].astype(np.int32), phase[r], lord[r].astype(np.int16),
-                            s_ord.astype(np.int16), w_ord.astype(np.float32), ranked.astype(np.int16)))
+                            s_ord.astype(np.int16), w_ord.astype(np.float32), ranked.astype(np.int16), lg))
         if sum(len(p[0]) for p in pending) >= chunk_tokens * L:
-            cat = [np.concatenate([p[i] for p in pending]) for i in range(7)]
+            cat = [np.concatenate([p[i] for p in pending]) for i in range(8)]
             cut = int(np.searchsorted(cat[0], cat[0][-1], side="left"))
             if cut > 0:
                 yield _assemble(tf, meta, [p[:cut] for p in cat])
             pending = [tuple(p[cut:] for p in cat)]
     if pending:
-        cat = [np.concatenate([p[i] for p in pending]) for i in range(7)]
+        cat = [np.concatenate([p[i] for p in pending]) for i in range(8)]
         if len(cat[0]):
             yield _assemble(tf, meta, cat)
 
@@ -368,7 +397,7 @@ class _GroupRows:
 
 
 def _assemble(tf, meta, parts):
-    key, seq, phase, lord, s_ord, w_ord, cand = parts
+    key, seq, phase, lord, s_ord, w_ord, cand, lg = parts
     L = meta.n_layers
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     n = len(starts)
@@ -392,8 +421,13 @@ def _assemble(tf, meta, parts):
     sel[slot] = s_ord
     w[slot] = w_ord
     cnd[slot] = cand
+    logits = None
+    if lg.shape[1]:
+        logits = np.empty((n * L, M), np.float32)
+        logits[slot] = lg
+        logits = logits.reshape(n, L, M)
     return (seq[starts].astype(np.int32), phase[starts].astype(np.int8), sel.reshape(n, L, k),
-            w.reshape(n, L, k), cnd.reshape(n, L, M))
+            w.reshape(n, L, k), cnd.reshape(n, L, M), logits)
 
 
 def _col(batch, name: str, path) -> np.ndarray:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import re
 import zlib
@@ -28,16 +27,11 @@ from moesim.traces.synth_presets import PRESETS, RoutingKnobs, preset_names
 from moesim.traces.writer import TraceWriter
 
 GENERATOR = "moesim-synth"
-GENERATOR_VERSION = 2
-GENERATORS = (1, 2)  # 1: the original numpy generator, kept to rebuild traces it made
-CHUNK_TOKENS = 64  # generator 1: tokens per block; fixed, so the random stream never depends on memory
+GENERATOR_VERSION = 2  # generator 1 (numpy, ~10x slower, no layer coupling) was removed; its files still read
 CHUNK_ROWS_2 = 1 << 16  # generator 2: about this many (token, layer) rows per kernel call (any size: same trace)
 # generator 2 with layer coupling: at most this many (token, layer, expert) per call (the chunks, hence the
 # written batches, of the sparse layout's files depend on it)
 LINKED_DRAWS = 2 << 20
-# zstd level of the ranked layout: level 1 writes these bytes ~20% faster than 3 at the same size (within
-# +-1%, either way by preset; docs/trace-format.md)
-RANKED_ZSTD_LEVEL = 1
 BLOCK = 16  # generator 2: tokens a kernel thread walks its layers with at a time (any number: same trace)
 PARTS = 0  # generator 2: layer ranges made in parallel (0: one per numba thread; any number: same trace)
 _QMAX = 1 << 20  # stored logits are integers q * grid with |q| < _QMAX
@@ -146,58 +140,8 @@ def base_scores(seed: int, L: int, E: int, domain_names: list[str], knobs: Routi
     return out.astype(np.float32)
 
 
-def _scores(base: np.ndarray, seq: np.ndarray, pos: np.ndarray, dom: np.ndarray, knobs: RoutingKnobs,
-            rng: np.random.Generator):
-    """Yield (token slice, scores [c, L, E] float32) block by block, in token order."""
-    _, L, E = base.shape
-    T = len(seq)
-    rho = np.float32(np.clip(knobs.rho, 0.0, 0.9999))
-    innov = np.float32(np.sqrt(1.0 - float(rho) ** 2) * knobs.drift)
-    z = np.zeros((L, E), dtype=np.float32)
-    for start in range(0, T, CHUNK_TOKENS):
-        c = min(CHUNK_TOKENS, T - start)
-        eps = rng.standard_normal((c, L, E), dtype=np.float32)
-        # Gumbel noise: the top-k of score + Gumbel is a draw of k experts without replacement with
-        # probabilities proportional to exp(score) (the Gumbel-top-k trick). Gumbel = -log(Exp(1)).
-        noise = rng.standard_exponential((c, L, E), dtype=np.float32)
-        np.maximum(noise, np.float32(1e-30), out=noise)
-        np.log(noise, out=noise)
-        noise *= np.float32(-knobs.noise)
-        out = base[dom[start:start + c]]  # [c, L, E] (a copy)
-        for i in range(c):
-            t = start + i
-            if pos[t] == 0 or (t > 0 and seq[t] != seq[t - 1]):
-                # A new sequence starts from the stationary distribution of the drift.
-                z = np.float32(knobs.drift) * eps[i]
-            else:
-                z = rho * z + innov * eps[i]
-            out[i] += z
-        out += noise
-        yield slice(start, start + c), out
-
-
-def _quantize(scores: np.ndarray, knobs: RoutingKnobs) -> np.ndarray:
-    q = np.rint((scores / np.float32(knobs.temperature) + np.float32(knobs.offset)) / np.float32(knobs.grid))
-    return np.clip(q, -_QMAX + 1, _QMAX - 1).astype(np.int64)
-
-
-def top_candidates(q: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best m experts of each row of integer scores q [n, E]: (ids, q) ranked, equal scores lower id first."""
-    n, E = q.shape
-    key = ((_QMAX - q) << 16) | np.arange(E, dtype=np.int64)[None, :]
-    if m < E:
-        key = np.take_along_axis(key, np.argpartition(key, m - 1, axis=1)[:, :m], axis=1)
-    key.sort(axis=1)
-    return (key & 0xFFFF).astype(np.int16), _QMAX - (key >> 16)
-
-
-def log_sum_exp(x: np.ndarray) -> np.ndarray:
-    mx = x.max(axis=1, keepdims=True)
-    return (mx[:, 0] + np.log(np.exp(x - mx).sum(axis=1)))
-
-
 def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, prefill=0, layout="ranked",
-                 generator=GENERATOR_VERSION, lookahead=False) -> str:
+                 lookahead=False) -> str:
     parts = ["moesim synth", f"--preset {preset}", f"--tokens {tokens}", f"--seqs {seqs}", f"--seed {seed}"]
     if domains is not None:
         parts.append(f"--domains {','.join(domains) if domains else 'none'}")
@@ -207,8 +151,6 @@ def command_line(preset, tokens, seqs, seed, domains, path, candidates=None, pre
         parts.append(f"--prefill {prefill}")
     if layout != "ranked":
         parts.append(f"--layout {layout}")
-    if generator != GENERATOR_VERSION:
-        parts.append(f"--generator {generator}")
     if lookahead:
         parts.append("--lookahead")
     parts.append(f"-o {path}")
@@ -223,15 +165,15 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
                knobs: RoutingKnobs | None = None, command: str | None = None, layout: str = "ranked",
                generator: int = GENERATOR_VERSION, lookahead: bool = False) -> Path:
     """Write a synthetic trace and return its path: the compact ``ranked`` layout (the default:
-    ranked candidates and the gate logits as gaps on the knobs' grid) or the ``sparse`` layout
-    (every candidate's logit and the log-sum-exp over all E; same routing, same replays).
+    the ranked candidates and their logits) or the ``sparse`` layout (every candidate's id and logit
+    as lists, and the log-sum-exp over all E; same routing, same logits, same replays).
 
     ``domains``: None -> the preset's default domains; [] -> no domain structure (no domain column).
     ``candidates``: M stored per row (default: the preset's, capped at E). The first ``prefill``
     positions of every sequence are marked phase 'prefill', the rest 'decode'.
-    ``knobs`` overrides the preset's routing knobs (calibration experiments). ``generator`` 1 is the
-    original numpy implementation (same model, other random numbers, ~10x slower), kept so that
-    traces it wrote can be rebuilt byte for byte. ``lookahead``: also write the lookahead column, a noisy
+    ``knobs`` overrides the preset's routing knobs (calibration experiments). ``generator``: 2, the
+    only one (generator 1, the original numpy one, was removed; the files it wrote read as any
+    other). ``lookahead``: also write the lookahead column, a noisy
     copy of the next layer's selection (knob ``lookahead_noise``)."""
     from moesim import __version__
     from moesim.costmodel.models import load_model
@@ -239,13 +181,14 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     check_args(preset, tokens, seqs, seed, domains, prefill)
     if layout not in LAYOUTS:
         raise MoesimError(f"unknown synthetic trace layout {layout!r} (use {' or '.join(LAYOUTS)})")
-    if generator not in GENERATORS:
-        raise MoesimError(f"unknown generator {generator!r} (use {' or '.join(map(str, GENERATORS))})")
+    if generator != GENERATOR_VERSION:
+        raise MoesimError(f"generator {generator!r} is not available: generator 1 (the original numpy one) was "
+                          f"removed in favour of generator {GENERATOR_VERSION}, the default (traces it wrote still "
+                          "read and replay as before, but cannot be rebuilt)" if generator == 1 else
+                          f"unknown generator {generator!r} (use {GENERATOR_VERSION})")
     tokens, seqs, seed, prefill = int(tokens), int(seqs), int(seed), int(prefill)
     model = load_model(preset)
     kn = knobs if knobs is not None else PRESETS[preset]
-    if generator == 1 and kn.couple:
-        kn = kn.replace(couple=0.0)  # generator 1 predates layer coupling (its traces have none)
     L, E, k = len(model.moe_layers), model.n_experts, model.top_k
     M = min(E, kn.candidates) if candidates is None else int(candidates)
     M = max(M, k) if candidates is None else M
@@ -262,12 +205,11 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
     base = base_scores(seed, L, E, names, kn)
     sigmoid = model.gating == "sigmoid"
     ranked = layout == "ranked"
-    gaps = ranked and not sigmoid and k > 1 and _power_of_two(kn.grid)
     path = Path(path)
     meta = TraceMeta(
         model_id=model.hf_id or model.name, family=model.family, n_experts=E, top_k=k,
         moe_layers=model.moe_layers, gating=model.gating, norm_topk_prob=model.norm_topk_prob, layout=layout,
-        n_candidates=M, logit_scale=kn.grid if gaps else None, routed_scaling_factor=model.routed_scaling_factor,
+        n_candidates=M, routed_scaling_factor=model.routed_scaling_factor,
         n_shared_experts=model.n_shared_experts,
         dense_layers=model.dense_layers, bytes_per_expert=model.bytes_per_expert_table(),
         n_group=model.n_group, topk_group=model.topk_group, synthetic=True,
@@ -276,7 +218,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
             "preset": preset, "tokens": tokens, "seqs": seqs, "seed": seed,
             "domains": use_domains, "prefill": prefill, "candidates": M,
             "command": command or command_line(preset, tokens, seqs, seed, domains, path, candidates, prefill,
-                                               layout, generator, lookahead),
+                                               layout, lookahead),
             "generator": generator, "knobs": kn.to_dict(),
             "note": "synthetic routing from a generative model calibrated to published statistics; "
                     "not recorded from the model",
@@ -290,7 +232,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
 
     def batches(chunks) -> Iterator[dict]:
         """The writer's columns of each chunk."""
-        for rows, ids, top_q, q_full, lse, gate_gaps in chunks:
+        for rows, ids, top_q, q_full, lse in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
             if sigmoid:
@@ -302,53 +244,33 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
                                                    kn.grid)
             if with_column:
                 extra["domain"] = np.repeat(dom[rows], L)
-            if gate_gaps is not None:
-                extra.update(ranked_ids=ids, gate_gaps=gate_gaps)
-            elif ranked:
-                extra.update(_ranked_columns(ids, top_q, kn.grid, k, model.gating, meta.logit_scale))
+            logits = (top_q * kn.grid).astype(np.float32)
+            if ranked:
+                extra.update(_ranked_columns(ids, logits, model.gating))
             else:
-                extra.update(top_ids=ids, top_logits=(top_q * kn.grid).astype(np.float32),
-                             lse=lse.astype(np.float32))
+                extra.update(top_ids=ids, top_logits=logits, lse=lse.astype(np.float32))
             yield dict(seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=layer_rows(c),
                        phase=np.repeat(phase_codes[rows], L), **extra)
 
-    if generator == 1:
-        made = batches(_chunks_v1(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked))
-        threads: contextlib.AbstractContextManager = contextlib.nullcontext()
-    else:
-        # two stages, each on its own cores: the generator thread runs the kernel (all cores but one) and sorts
-        # each row's candidate keys, this thread unpacks them, makes the columns and writes (one core; where
-        # the CPU time balances: docs/synthetic.md)
-        gen_threads, threads = _thread_split()
-        keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
-                        buffers=AHEAD + 2)
-        # the gate gaps come with the ids, and q only where a column needs it
-        made = batches(_unpacked(_ahead(_sorted(_numba_threads_in(keys, gen_threads)), AHEAD), M,
-                                 k - 1 if gaps else 0, with_q=not gaps or lookahead))
-    level = RANKED_ZSTD_LEVEL if ranked else 9
+    # two stages, each on its own cores: the generator thread runs the kernel (all cores but one) and sorts
+    # each row's candidate keys, this thread unpacks them, makes the columns and writes (one core; where
+    # the CPU time balances: docs/synthetic.md)
+    gen_threads, threads = _thread_split()
+    keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
+                    buffers=AHEAD + 2)
+    made = batches(_unpacked(_ahead(_sorted(_numba_threads_in(keys, gen_threads)), AHEAD), M))
     with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
-                              weights=sigmoid, compression_level=level, lookahead=lookahead) as writer:
+                              weights=sigmoid, lookahead=lookahead) as writer:
         for batch in made:
             writer.write(**batch)
     return path
 
 
-def _chunks_v1(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool):
-    """Generator 1 (numpy): yield (token slice, ranked ids [n, M], their q [n, M], every q [n, E] or
-    None, lse [n] or None, None: the gate gaps are made from q) per block of CHUNK_TOKENS tokens,
-    n = tokens x layers."""
-    _, L, E = base.shape
-    for rows, scores in _scores(base, seq, pos, dom, kn, _rng(seed, "tokens")):
-        c = rows.stop - rows.start
-        q = _quantize(scores, kn).reshape(c * L, E)
-        ids, top_q = top_candidates(q, M)
-        yield rows, ids, top_q, q if full else None, log_sum_exp(q * kn.grid) if lse else None, None
-
-
 def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool,
                weights: np.ndarray):
     """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
-    jitted and parallel over layers; same yields as _chunks_v1."""
+    jitted and parallel over layers: yield (token slice, ranked ids [n, M], their q [n, M], every q [n, E]
+    or None, lse [n] or None)."""
     return _unpacked(_sorted(_keys_v2(base, seq, pos, dom, kn, seed, M, full=full, lse=lse, weights=weights,
                                       buffers=1)), M)
 
@@ -364,7 +286,7 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
     _passive_omp()
     D, L, E = base.shape
     if E > 1 << kern.ID_BITS:
-        raise MoesimError(f"generator 2 handles up to {1 << kern.ID_BITS} experts, not {E}: use --generator 1")
+        raise MoesimError(f"the synthetic generator handles up to {1 << kern.ID_BITS} experts, not {E}")
     T = len(seq)
     key = np.uint64(_rng(seed, "tokens-v2").integers(0, 2**63))
     ntab, gtab = _quantile_tables()
@@ -390,10 +312,11 @@ def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: 
         q_full = np.empty((c * L, E) if full else (0, E), dtype=np.int32)
         lse_out = np.empty(c * L if lse else 0, dtype=np.float64)
         f32 = np.float32
-        kern.generate(key, start, L, base_r, order, dom[start:start + c].astype(np.int64), newseq[start:start + c],
-                      z, f32(rho), f32(innov), f32(kn.drift), f32(kn.noise), f32(1.0 / kn.temperature), f32(kn.offset),
-                      f32(1.0 / kn.grid), ntab, gtab, thr, M, width, keys, counts, q_full, float(kn.grid), lse_out,
-                      link16, bounds, BLOCK)
+        with np.errstate(over="ignore"):  # the counters wrap around by design (only seen with NUMBA_DISABLE_JIT=1)
+            kern.generate(key, start, L, base_r, order, dom[start:start + c].astype(np.int64),
+                          newseq[start:start + c], z, f32(rho), f32(innov), f32(kn.drift), f32(kn.noise),
+                          f32(1.0 / kn.temperature), f32(kn.offset), f32(1.0 / kn.grid), ntab, gtab, thr, M, width,
+                          keys, counts, q_full, float(kn.grid), lse_out, link16, bounds, BLOCK)
         yield slice(start, start + c), keys, q_full if full else None, lse_out if lse else None
 
 
@@ -404,14 +327,12 @@ def _sorted(keyed):
         yield item
 
 
-def _unpacked(keyed, M: int, n_gaps: int = 0, with_q: bool = True):
-    """_sorted chunks as _chunks_v1's: the candidate keys unpacked into ranked ids [n, M] int16 and their
-    q [n, M] (None unless ``with_q``), and the last item the gate gaps [n, n_gaps] (q[:, j] - q[:, j + 1])
-    when n_gaps, else None."""
+def _unpacked(keyed, M: int):
+    """_sorted chunks with the candidate keys unpacked into ranked ids [n, M] int16 and their q [n, M]."""
     from moesim.traces.synth_unpack import unpack
     for rows, keys, q_full, lse in keyed:
-        ids, top_q, gaps = unpack(keys, M, n_gaps, with_q)
-        yield rows, ids, top_q if with_q else None, q_full, lse, gaps if n_gaps else None
+        ids, top_q = unpack(keys, M)
+        yield rows, ids, top_q, q_full, lse
 
 
 def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, key, noise: float,
@@ -422,8 +343,8 @@ def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, k
     from moesim.traces.synth_kernel import lookahead_rows
 
     out = np.empty((ids.shape[0], k), dtype=np.int16)
-    lookahead_rows(
-        ids, top_q, k, L, t0, np.uint64(key), np.float32(noise / grid), _quantile_tables()[1], out)
+    with np.errstate(over="ignore"):  # as in _keys_v2
+        lookahead_rows(ids, top_q, k, L, t0, np.uint64(key), np.float32(noise / grid), _quantile_tables()[1], out)
     return out
 
 
@@ -557,22 +478,14 @@ def _quantile_tables():
     return _TABLES["t"]
 
 
-def _power_of_two(x: float) -> bool:
-    return x > 0 and math.frexp(x)[0] == 0.5
-
-
-def _ranked_columns(ids: np.ndarray, top_q: np.ndarray, grid: float, k: int, gating_name: str,
-                    logit_scale: float | None) -> dict:
-    """The ranked layout's columns from the best M (ids, integer logits) per row, ranked by
-    (logit desc, id asc): for sigmoid gating re-ranked by the decoder's own selection score
-    (sigmoid saturates: distinct logits can tie), gate scores as gaps on the grid."""
+def _ranked_columns(ids: np.ndarray, logits: np.ndarray, gating_name: str) -> dict:
+    """The ranked layout's columns from the best M (ids, logits) per row, ranked by (logit desc, id asc): for
+    sigmoid gating re-ranked by the decoder's own selection score (sigmoid saturates: distinct logits can
+    tie)."""
     if gating_name == "sigmoid":
-        x = top_q * grid
-        ids = np.take_along_axis(ids, gating.rank_order(ids, gating.selection_scores(x, gating_name, None)), axis=1)
-        return {"ranked_ids": ids}  # DeepSeek-V3's synthetic traces store selected and weights
-    if logit_scale is None:
-        return {"ranked_ids": ids, "gate_logits": (top_q[:, :k] * grid).astype(np.float32)}
-    return {"ranked_ids": ids, "gate_gaps": top_q[:, :k - 1] - top_q[:, 1:k]}
+        order = gating.rank_order(ids, gating.selection_scores(logits, gating_name, None))
+        ids, logits = np.take_along_axis(ids, order, axis=1), np.take_along_axis(logits, order, axis=1)
+    return {"ranked_ids": ids, "ranked_logits": logits}
 
 
 def _sigmoid_route(x: np.ndarray, k: int, n_group: int, topk_group: int, scale: float):
@@ -590,5 +503,5 @@ def _sigmoid_route(x: np.ndarray, k: int, n_group: int, topk_group: int, scale: 
     return sel.astype(np.int16), w.astype(np.float32)
 
 
-__all__ = ["synthesize", "check_args", "parse_domains", "plan_tokens", "base_scores", "top_candidates",
-           "command_line", "GENERATOR", "GENERATOR_VERSION"]
+__all__ = ["synthesize", "check_args", "parse_domains", "plan_tokens", "base_scores", "command_line", "GENERATOR",
+           "GENERATOR_VERSION"]

@@ -12,11 +12,16 @@ import pyarrow.parquet as pq
 
 from moesim.errors import MoesimError
 from moesim.files import Output, write_error
+from moesim.traces import gating
 from moesim.traces import ranked as rk
 from moesim.traces.meta import PHASES, TraceMeta
-from moesim.traces.schema import arrow_schema, gate_column
+from moesim.traces.schema import arrow_schema, byte_stream_split
 
 DEFAULT_ROW_GROUP = 65536
+# zstd level of the ranked layout: level 1 writes its columns ~2x faster than 3 at sizes within ~1% (its binary
+# rows are split into byte streams first; docs/trace-format.md); the other layouts' float lists gain from 9
+RANKED_ZSTD_LEVEL = 1
+OTHER_ZSTD_LEVEL = 9
 _INFO = {t: np.iinfo(t) for t in (np.int16, np.int32)}  # the column types' ranges, looked up per write
 
 
@@ -39,13 +44,14 @@ class TraceWriter:
     complete (written to a temporary ``.NAME.PID-N.partial`` unique to the writer,
     then fsynced and renamed); an exception inside the ``with`` block, or a full
     disk, leaves no file behind. ``inputs``: files the command reads, which the
-    destination must not be.
+    destination must not be. ``compression_level``: zstd's, default RANKED_ZSTD_LEVEL for the ranked
+    layout and OTHER_ZSTD_LEVEL for the others.
     """
 
     def __init__(self, path: str | os.PathLike, meta: TraceMeta, *, domains: list[str] | None = None,
                  token: bool = False, selected: bool = False, weights: bool = False,
                  row_group_size: int = DEFAULT_ROW_GROUP, phase: bool = True, inputs=(),
-                 compression_level: int = 9, lookahead: bool = False):
+                 compression_level: int | None = None, lookahead: bool = False):
         self.path = Path(path)
         self.meta = meta
         self.domains = list(domains) if domains else None
@@ -57,9 +63,9 @@ class TraceWriter:
             raise MoesimError(f"row_group_size must be >= 1, got {row_group_size}")
         if lookahead and meta.layout == "counts":
             raise MoesimError("a counts (frequency-only) trace has no lookahead column")
-        if meta.logit_scale is not None and selected:
-            raise MoesimError("gate gaps (logit_scale) are the first-ranked experts' logits: a trace with its own "
-                              "selected column stores gate_logits or weights instead")
+        if meta.layout == "ranked" and meta.gating == "sigmoid" and meta.n_group > 1 and not selected:
+            raise MoesimError("a ranked trace of group-limited sigmoid routing needs the selected column (its "
+                              "selection is not the k first-ranked candidates)")
         self.has_token, self.has_selected, self.has_weights = token, selected, weights
         self.has_lookahead = lookahead
         self.has_phase = phase or meta.layout != "counts"
@@ -69,18 +75,7 @@ class TraceWriter:
         self.row_group_size = row_group_size
         self._buf: list[pa.RecordBatch] = []
         self._buffered = 0
-        # ranked layout: the ids are move-to-front coded per row group, so they wait in the buffer as ids
-        self._ranked = meta.layout == "ranked"
-        self._gate = gate_column(meta, weights) if self._ranked else None
-        self._buf_schema = self.schema.remove(self.schema.get_field_index("ranked_ids")) if self._ranked \
-            else self.schema
-        # the ids are coded as they arrive (the coder's state carries over between writes, restarting at each
-        # row group) into the current group's byte buffer: no join of the buffered ids at the flush
-        self._rk_width = rk.code_width(meta.n_experts)
-        self._rk_where: np.ndarray | None = None  # the coder's state in the current row group
-        self._rk_codes: np.ndarray | None = None  # [row_group_size, M * width] bytes of the current group
-        self._rk_coded = 0  # rows of the current group coded so far
-        self._rk_groups: list[np.ndarray] = []  # the bytes of complete groups not written yet
+        self._bias = np.asarray(meta.selection_bias, dtype=np.float64) if meta.selection_bias is not None else None
         # a layer's ordinal among the MoE layers, -1 for any other int16 layer: one lookup checks and maps
         self._lut = np.full(max(np.iinfo(np.int16).max, *meta.moe_layers) + 1, -1, np.int32)
         self._lut[list(meta.moe_layers)] = np.arange(meta.n_layers, dtype=np.int32)
@@ -94,28 +89,27 @@ class TraceWriter:
         self._pq: pq.ParquetWriter | None = None
         try:
             self._pq = pq.ParquetWriter(
-                self._tmp, self.schema, compression="zstd", compression_level=compression_level,
+                self._tmp, self.schema, compression="zstd",
+                compression_level=compression_level if compression_level is not None
+                else RANKED_ZSTD_LEVEL if meta.layout == "ranked" else OTHER_ZSTD_LEVEL,
                 use_dictionary=["phase", "domain"], write_statistics=["seq", "pos", "layer"],
                 # CRC32 per page: damaged bytes in incompressible float data would otherwise decode silently
                 write_page_checksum=True,
-                use_byte_stream_split=[c for c in ("logits", "top_logits", "lse", "weights",
-                                                                  "gate_logits")
-                                       if c in self.schema.names],
+                use_byte_stream_split=byte_stream_split(self.schema),
             )
         except OSError as exc:
             self._out.discard()
             raise write_error(self.path, exc) from None
 
     def write(self, *, seq, pos, layer, phase="decode", logits=None, top_ids=None, top_logits=None, lse=None,
-              counts=None, domain=None, token=None, selected=None, weights=None, ranked_ids=None, gate_gaps=None,
-              gate_logits=None, lookahead=None) -> None:
+              counts=None, domain=None, token=None, selected=None, weights=None, ranked_ids=None,
+              ranked_logits=None, lookahead=None) -> None:
         """Append rows. ``phase``/``domain`` are a name for all rows, an array of names
         (``domain`` names must be among the writer's ``domains``) or an integer array of codes
         into PHASES / the writer's ``domains``. Cheap checks run here
         (lengths, layers, expert ids, finite scores) so a tracer bug fails at the source.
-        Ranked layout: ``ranked_ids`` [n, M] best first (ties already broken), and ``gate_gaps``
-        [n, k-1] (integer logit gaps between consecutive first-ranked experts, in logit_scale
-        units) or ``gate_logits`` [n, k] (of ``selected`` when given, else of the k first-ranked).
+        Ranked layout: ``ranked_ids`` [n, M] best selection score first, ties already broken (checked),
+        and ``ranked_logits`` [n, M], their router logits (stored as float32).
         ``lookahead`` [n, k]: the experts the next MoE layer's router selects from this row's input,
         in rank order; a row of -1 is stored as null (unknown: the last MoE layer)."""
         seq = np.asarray(seq).reshape(-1)
@@ -123,9 +117,9 @@ class TraceWriter:
         layout = self.meta.layout
         given = {"logits": logits, "top_ids": top_ids, "top_logits": top_logits, "lse": lse, "counts": counts,
                  "token": token, "selected": selected, "weights": weights, "ranked_ids": ranked_ids,
-                 "gate_gaps": gate_gaps, "gate_logits": gate_logits, "lookahead": lookahead}
+                 "ranked_logits": ranked_logits, "lookahead": lookahead}
         wanted = {"dense": {"logits"}, "sparse": {"top_ids", "top_logits", "lse"}, "counts": {"counts"},
-                  "ranked": {"ranked_ids"} | ({self._gate} if self._gate else set())}[layout]
+                  "ranked": {"ranked_ids", "ranked_logits"}}[layout]
         wanted |= {name for name, on in (("token", self.has_token), ("selected", self.has_selected),
                                          ("weights", self.has_weights), ("lookahead", self.has_lookahead))
                    if on}
@@ -135,7 +129,7 @@ class TraceWriter:
             if value is not None and name not in wanted:
                 raise MoesimError(f"write() got {name}, which this writer does not store ({layout} layout"
                                   + ("" if name in {"logits", "top_ids", "top_logits", "lse", "counts",
-                                                    "ranked_ids", "gate_gaps", "gate_logits"}
+                                                    "ranked_ids", "ranked_logits"}
                                      else f"; open the writer with {name}=True") + ")")
         layers, ordinals = self._layers(layer, n)
         cols = {
@@ -161,20 +155,7 @@ class TraceWriter:
                                              np.float32)
             cols["lse"] = pa.array(self._broadcast(self._finite(lse, None, "lse").astype(np.float32), n, "lse"))
         elif layout == "ranked":
-            ids = np.asarray(ranked_ids)
-            if ids.ndim != 2 or ids.shape != (n, self.meta.n_candidates) or (ids.size and ids.dtype.kind not in "iu"):
-                raise MoesimError(f"ranked_ids must be integer expert ids, M={self.meta.n_candidates} per row, "
-                                  f"got an array of shape {ids.shape}")
-            if self._gate == "gate_gaps":
-                g = np.asarray(gate_gaps)
-                split = rk.gap_columns(g) if g.shape == (n, self.meta.top_k - 1) and (
-                    not g.size or g.dtype.kind in "iu") else None
-                if split is None:
-                    raise MoesimError(f"gate_gaps must be integers in 0..65535, {self.meta.top_k - 1} per row")
-                cols["gate_gaps"], cols["gate_gaps_high"] = split
-            elif self._gate == "gate_logits":
-                cols["gate_logits"] = _fixed_list(self._finite(gate_logits, n, "gate_logits"), self.meta.top_k,
-                                                  np.float32)
+            cols["ranked_ids"], cols["ranked_logits"] = self._ranked(ranked_ids, ranked_logits, n, ordinals)
         else:
             c = np.asarray(counts)
             if c.ndim != 2 or c.shape[0] != n or (c.size and (c.dtype.kind not in "iu" or c.min() < 0)):
@@ -186,9 +167,7 @@ class TraceWriter:
             cols["weights"] = _fixed_list(self._finite(weights, n, "weights"), self.meta.top_k, np.float32)
         if self.has_lookahead:
             cols["lookahead"] = self._lookahead(lookahead, n)
-        batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self._buf_schema], schema=self._buf_schema)
-        if self._ranked:  # last: a row group's coder state and bytes stay in step with the buffered rows
-            self._code_ranked(ids, ordinals)
+        batch = pa.RecordBatch.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
         self._buf.append(batch)
         self._buffered += n
         if self._buffered >= self.row_group_size:
@@ -230,6 +209,38 @@ class TraceWriter:
         if a.size and (a.min() < 0 or a.max() >= self.meta.n_experts):
             raise MoesimError(f"{what} holds expert ids outside 0..{self.meta.n_experts - 1}")
         return a
+
+    def _ranked(self, ranked_ids, ranked_logits, n: int, ordinals: np.ndarray):
+        """The ranked layout's two columns, checked: ids in range and distinct, logits finite and in rank
+        order (what the reader checks, so that a writer's bug fails here)."""
+        meta = self.meta
+        E, M = meta.n_experts, meta.n_candidates
+        ids = np.asarray(ranked_ids)
+        if ids.ndim != 2 or ids.shape != (n, M) or (ids.size and ids.dtype.kind not in "iu"):
+            raise MoesimError(f"ranked_ids must be integer expert ids, M={M} per row, got an array of shape "
+                              f"{ids.shape}")
+        bad = rk.first_bad_row(ids, E)
+        if bad < n:
+            raise MoesimError(f"ranked_ids repeats an expert within a row or holds one outside 0..{E - 1} "
+                              f"(row {self.rows_written + self._buffered + bad})")
+        with np.errstate(invalid="ignore", over="ignore"):
+            x = np.asarray(ranked_logits)
+            x = x if x.dtype == np.float32 else np.asarray(x, dtype=np.float64).astype(np.float32)
+        if x.shape != (n, M):
+            raise MoesimError(f"ranked_logits must be M={M} numbers per row, got an array of shape {x.shape}")
+        if not np.isfinite(x).all():
+            raise MoesimError("ranked_logits holds NaN or infinite values (or values beyond float32)")
+        if meta.gating == "sigmoid":
+            bias = self._bias[ordinals[:, None], ids] if self._bias is not None else None
+            score = gating.selection_scores(x, meta.gating, bias)
+        else:
+            score = x  # the logit, float32 as stored
+        bad = gating.first_unranked_row(ids, score, meta.tie_order != "stored")
+        if bad < n:
+            raise MoesimError(f"ranked_logits are not in rank order (best selection score first, equal scores "
+                              f"lower id first) at row {self.rows_written + self._buffered + bad}")
+        width = rk.code_width(E)
+        return rk.binary_column(rk.id_bytes(ids, width)), rk.binary_column(rk.logit_bytes(x))
 
     def _lookahead(self, ids, n: int) -> pa.FixedSizeListArray:
         a = np.asarray(ids)
@@ -282,71 +293,22 @@ class TraceWriter:
         return np.array([lookup[u] for u in uniq.tolist()], dtype=np.int64)[inverse]
 
     def _flush(self, final: bool = False) -> None:
+        """Write the buffered rows' complete row groups of ``row_group_size`` rows (all rows when final),
+        so the file's row groups do not depend on how the rows were split into writes."""
         if not self._buf:
             return
         if self._pq is None:
             raise MoesimError(f"{self.path}: the writer is closed")
-        table = pa.Table.from_batches(self._buf, schema=self._buf_schema)
+        table = pa.Table.from_batches(self._buf, schema=self.schema)
+        R = self.row_group_size
+        cut = table.num_rows if final else table.num_rows // R * R
         try:
-            if self._ranked:
-                self._flush_ranked(table, final)
-                return
-            self._pq.write_table(table, row_group_size=self.row_group_size)
+            self._pq.write_table(table.slice(0, cut), row_group_size=R)
         except OSError as exc:  # a full disk: no half-written file stays behind
             self.abort()
             raise write_error(self.path, exc) from None
-        self.rows_written += table.num_rows
-        self._buf, self._buffered = [], 0
-
-    def _code_ranked(self, ids: np.ndarray, lay: np.ndarray) -> None:
-        """Move-to-front code rows of ranked ids into the current row group's bytes; a group's coder starts
-        from a fresh state, so a group decodes on its own. Ids out of 0..E-1 or repeated in a row are
-        errors (the coder finds them)."""
-        if ids.dtype not in (np.int16, np.int32):  # the coder's compiled id types (int16: the generators')
-            ids = ids.astype(np.int32)
-        R, L, E = self.row_group_size, self.meta.n_layers, self.meta.n_experts
-        mtf = rk.codec()
-        parts = mtf.thread_parts()
-        done, n = 0, len(ids)
-        while done < n:
-            if self._rk_codes is None:
-                self._rk_where = rk.new_state(L, E)[1]
-                self._rk_codes = np.empty((R, ids.shape[1] * self._rk_width), np.uint8)  # pages touched as filled
-                self._rk_coded = 0
-            take = min(n - done, R - self._rk_coded)
-            into = self._rk_codes[self._rk_coded:self._rk_coded + take]
-            if self._rk_width == 1:
-                bad = mtf.encode_into(ids[done:done + take], lay[done:done + take], self._rk_where, parts, into)
-            else:
-                codes, bad = mtf.encode(ids[done:done + take], lay[done:done + take], self._rk_where, L, parts)
-                rk.pack_into(codes, self._rk_width, into)
-            if bad < take:
-                raise MoesimError(f"ranked_ids repeats an expert within a row or holds one outside "
-                                  f"0..{E - 1} (row {self.rows_written + self._buffered + done + bad})")
-            self._rk_coded += take
-            done += take
-            if self._rk_coded == R:
-                self._rk_groups.append(self._rk_codes)
-                self._rk_codes = None
-
-    def _flush_ranked(self, table: pa.Table, final: bool) -> None:
-        """Write the complete row groups of ``row_group_size`` rows (the rest waits, unless final) with
-        their coded ids."""
-        R = self.row_group_size
-        at = self.schema.get_field_index("ranked_ids")
-        groups = self._rk_groups
-        if final and self._rk_codes is not None and self._rk_coded:
-            groups.append(self._rk_codes[:self._rk_coded])
-            self._rk_codes = None
-        start = 0
-        for raw in groups:
-            group = table.slice(start, len(raw)).add_column(at, self.schema.field(at), rk.binary_column(raw))
-            assert self._pq is not None  # checked by _flush
-            self._pq.write_table(group, row_group_size=R)
-            self.rows_written += group.num_rows
-            start += len(raw)
-        self._rk_groups = []
-        rest = table.slice(start)
+        self.rows_written += cut
+        rest = table.slice(cut)
         self._buf = rest.to_batches() if rest.num_rows else []
         self._buffered = rest.num_rows
 
@@ -370,7 +332,7 @@ class TraceWriter:
         return self._out.commit()
 
     def abort(self) -> None:
-        self._buf, self._rk_groups, self._rk_codes = [], [], None
+        self._buf = []
         try:
             if self._pq is not None:
                 with contextlib.suppress(OSError):

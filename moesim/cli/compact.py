@@ -8,12 +8,11 @@ import click
 @click.command("compact")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=str))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=str),
-              help="Trace file to write (Parquet, schema version 2).")
+              help="Trace file to write (Parquet, schema version 3).")
 def command(trace, output):
-    """Rewrite TRACE in the ranked layout: the candidates in rank order (move-to-front coded) and
-    only the scores the gate weights need. Decoding gives the same candidates, selection and
-    weights bit for bit, so every replay is unchanged; the logits of unselected candidates and
-    lse are dropped. See docs/trace-format.md."""
+    """Rewrite TRACE in the ranked layout: the candidates in rank order with their router logits,
+    as compact binary rows. Decoding gives the same candidates, logits, selection and weights bit
+    for bit, so every replay and step policy is unchanged; lse is dropped. See docs/trace-format.md."""
     import os
 
     from moesim.traces.compact import compact_trace

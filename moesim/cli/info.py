@@ -36,6 +36,8 @@ def info(trace, fmt):
         ("gating", f"{d['gating']}" + (", top-k renormalized" if d["norm_topk_prob"] else "")),
         ("bytes/expert", {q: human_bytes(b) for q, b in d["bytes_per_expert"].items()}),
         ("layout", _layout(d)),
+        ("scores", "router logits of every candidate (what a step policy re-selects with)" if d["candidate_scores"]
+         else "none (" + _why_no_scores(d) + "): step policies refuse this trace"),
         ("ties", "equal weights keep the stored order (the source's rank order)" if d["tie_order"] == "stored"
          else "equal scores and weights rank the lower expert id first"),
         ("columns", d["columns"]),
@@ -56,6 +58,14 @@ def _layout(d):
     if d["layout"] == "counts":
         return "counts (per request and layer, how often each expert was selected)"
     return f"{d['layout']} ({d['candidates_per_row']} scored experts per row)"
+
+
+def _why_no_scores(d):
+    if d["layout"] == "counts":
+        return "frequency-only"
+    if d["layout"] == "ranked" and d["schema_version"] == 2:
+        return "a version-2 ranked trace keeps only the selection's gate scores"
+    return "the source records no candidate logits"
 
 
 def _span(xs):

@@ -46,7 +46,7 @@ def policy_options(f):
                           "(copies also run while later layers compute). Default: the engine profile's "
                           "(docs/replay-semantics.md)."),
         STEP_PIN_OPTION, MAX_UPLOADS_OPTION, LOWBIT_SHARE_OPTION, LOWBIT_QUANT_OPTION, SPECULATIVE_OPTION,
-        ACCEPT_OPTION,
+        ACCEPT_OPTION, *REROUTE_OPTIONS,
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -78,6 +78,24 @@ SPECULATIVE_OPTION = click.option(
 ACCEPT_OPTION = click.option(
     "--accept", type=click.FloatRange(0.0, 1.0), default=None, metavar="A",
     help="Fraction of drafted tokens accepted: a step yields 1 + A·G tokens per sequence (with --speculative).")
+
+
+def reroute_help() -> str:
+    from moesim.policies.reroute import help_text
+
+    return help_text()
+
+
+REROUTE_OPTIONS = [
+    click.option("--reroute", default=None, metavar="bias:λ|keep:J", help=reroute_help()),
+    click.option("--reroute-pool", "reroute_pool", type=click.IntRange(min=1), default=None, metavar="M",
+                 help="Candidates a reroute considers (at least k; default: every candidate the trace stores)."),
+    click.option("--reroute-resident", "reroute_resident", default="cache", show_default=True, metavar="cache|recent:W",
+                 help="What counts as resident for --reroute: in the GPU cache, or requested in the last W tokens."),
+    click.option("--reroute-weights", "reroute_weights", type=click.Choice(("original", "biased")), default="original",
+                 show_default=True, help="The rerouted experts' gate weights: the unbiased scores renormalized over "
+                                         "them (as engines do), or the biased ones."),
+]
 
 
 def cost_options(f):
@@ -112,14 +130,14 @@ STREAM_OPTION = click.option(
 
 def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                 batch=1, prefetch="none", prefetch_depth=1, prefetch_train=None, overlap=None, step_pin=False,
-                max_uploads=None, lowbit_share=None, lowbit_quant=None, speculative=0, accept=None):
+                max_uploads=None, lowbit_share=None, lowbit_quant=None, speculative=0, accept=None, **reroute):
     from moesim.simulator import SimConfig
 
     return SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
                      warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
                      prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
                      step_pin=bool(step_pin), max_uploads=max_uploads, lowbit_share=lowbit_share,
-                     lowbit_quant=lowbit_quant, speculative=speculative, accept=accept)
+                     lowbit_quant=lowbit_quant, speculative=speculative, accept=accept, **reroute)
 
 
 @click.command("simulate")
@@ -136,8 +154,8 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
             batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads, lowbit_share,
-            lowbit_quant, speculative, accept, hw, model, quant, engine, context, per_token, baseline, ci,
-            ci_resamples, ci_unit, ci_method, stream, fmt):
+            lowbit_quant, speculative, accept, reroute, reroute_pool, reroute_resident, reroute_weights, hw, model,
+            quant, engine, context, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, stream, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
     and gate-mass counters, in total and per layer, and the time per token on
     the chosen machine, with the speed-up over the baseline (default: the
@@ -154,7 +172,8 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
         check_output(per_token, inputs)
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads,
-                         lowbit_share, lowbit_quant, speculative, accept)
+                         lowbit_share, lowbit_quant, speculative, accept, reroute=reroute, reroute_pool=reroute_pool,
+                         reroute_resident=reroute_resident, reroute_weights=reroute_weights)
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,
                        ci=intervals, stream=stream, context=context)
@@ -230,9 +249,14 @@ def render(doc: dict) -> list[str]:
         f"first choices substituted or dropped {t['first_choice_substitutions']:,}, "
         f"mass per step {_pm(doc, 'mass_per_step', t['mass_per_step'], 1, '.4f')}",
         "class       " + ("always runs the router's first choice" if doc["keeps_first_choice"]
-                          else "may substitute or drop the router's first choice"),
+                          else "may substitute, drop or reroute away from the router's first choice"
+                          if doc["config"].get("reroute") else "may substitute or drop the router's first choice"),
         f"admissions  {t['admissions']:,}   evictions {t['evictions']:,}   replay {doc['replay_seconds'] * 1e3:.1f} ms",
     ]
+    if doc["config"].get("reroute"):
+        lines.append(f"rerouted    {t['rerouted']:,} requests, first choice changed at {t['first_choice_changed']:,} "
+                     f"steps, displaced mass per step {t['displaced_mass_per_step']:.4f} (the router's gate weight "
+                     "rerouted away)")
     if doc["config"].get("prefetch", "none") != "none":
         def pct(x):
             return "-" if x != x else f"{100 * x:.1f}%"  # NaN: nothing to divide

@@ -117,6 +117,16 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
+@click.option("--reroute", multiple=True, metavar="bias:λ|keep:J|none",
+              help="Rerouting axis (docs/replay-semantics.md, 'Rerouting'); repeat or comma-separate (default: none, "
+                   "plus bias 0.1 / 0.25 / 0.5 and keep:2 under lru and freq with fetch-all, on traces with candidate "
+                   "scores).")
+@click.option("--reroute-pool", "reroute_pool", type=click.IntRange(min=1), default=None, metavar="M",
+              help="Candidates a reroute considers (default: every candidate the trace stores).")
+@click.option("--reroute-resident", "reroute_resident", default=None, metavar="cache|recent:W",
+              help="What counts as resident for rerouting (default: cache).")
+@click.option("--reroute-weights", "reroute_weights", type=click.Choice(("original", "biased")), default=None,
+              help="The rerouted experts' gate weights (default: original).")
 @click.option("--prefetch", multiple=True, metavar="P",
               help="Prefetch axis: none, prev-token, next-layer, lookahead, oracle; repeat or comma-separate "
                    "(default: no prefetch, plus lru + oracle, lru + next-layer and belady + oracle under fetch-all).")
@@ -132,8 +142,8 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
             reset_per_sequence, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine,
             speculative, accept, context, config,
             output, fmt, jobs, executor, top, baseline, rank_by, max_mass, wide, flush_every, quality, max_dppl,
-            report_dir, prefetch, prefetch_depth, prefetch_train, overlap, ci, ci_resamples, ci_unit, ci_method,
-            stream):
+            report_dir, reroute, reroute_pool, reroute_resident, reroute_weights, prefetch, prefetch_depth,
+            prefetch_train, overlap, ci, ci_resamples, ci_unit, ci_method, stream):
     """Replay TRACE(s) through a grid of cache policies and print them ranked:
     policies that always run the router's first choice first, then by time per
     token (by hit rate when the trace cannot be priced), with the speed-up over
@@ -148,8 +158,11 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     admission, and cpu under every eviction but one are left out, docs/sweep.md),
     plus the llama.cpp preset (static-layers + cpu) and three prefetch variants
     under fetch-all (lru + oracle, lru + next-layer, belady + oracle: the lower
-    bound on time per token, named under each table): 40 configs. The presets
-    quality-first, speed-first, fetch-all and llama.cpp are always included.
+    bound on time per token, named under each table): 40 configs. On a trace
+    that keeps the candidates' scores, eight reroute variants under fetch-all
+    too (lru and freq with bias:0.1, bias:0.25, bias:0.5 and keep:2): 48. The
+    presets quality-first, speed-first, fetch-all and llama.cpp are always
+    included.
 
     Example: moesim sweep traces/qwen3next.parquet --budget 0.25 -o results.parquet
     """
@@ -185,7 +198,9 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              model=model, quants=given(quant), engine=engine, baseline=baseline,
                              prefetches=given(prefetch), prefetch_depth=prefetch_depth, prefetch_train=prefetch_train,
                              overlap=overlap, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
-                             lowbit_quant=lowbit_quant, context=context, speculative=speculative, accept=accept)
+                             lowbit_quant=lowbit_quant, context=context, speculative=speculative, accept=accept,
+                             reroutes=given(reroute), reroute_pool=reroute_pool, reroute_resident=reroute_resident,
+                             reroute_weights=reroute_weights)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)

@@ -24,11 +24,11 @@ MAX_TOKENS = 100_000_000
 @click.option("--prefill", default=0, show_default=True, type=int,
               help="Mark the first P positions of every sequence as prefill (the rest decode).")
 @click.option("--layout", type=click.Choice(["ranked", "sparse"]), default="ranked", show_default=True,
-              help="ranked: compact (ranked candidates, gate logits as gaps); sparse: every candidate's logit "
-                   "and lse (about twice the bytes; the same replays).")
-@click.option("--generator", type=click.IntRange(1, 2), default=2, show_default=True,
-              help="2: the jitted generator; 1: the original numpy one (same model, other random numbers, "
-                   "~10x slower), to rebuild traces it made.")
+              help="ranked: compact (ranked candidates and their logits); sparse: every candidate's id and logit "
+                   "as lists, and lse (more bytes; the same replays).")
+# hidden: 2 is the only generator; command lines recorded with --generator 2 still run, and 1 (the original
+# numpy generator, removed) is refused with one line
+@click.option("--generator", type=int, default=2, hidden=True)
 @click.option("--lookahead", is_flag=True,
               help="Also write the lookahead column: per row, a noisy copy of the next MoE layer's selection "
                    "(synthetic; noise calibrated to a traced model, docs/synthetic.md).")

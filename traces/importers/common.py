@@ -82,8 +82,11 @@ def write_topk_trace(out: str | os.PathLike, meta: TraceMeta, *, seq, pos, layer
     Scores: ``logits`` (the router logits of those k experts, with ``lse`` the
     log-sum-exp over all E when known) are stored as the sparse scores; without
     logits, log(weights) stands in (so softmax over the k gives back the
-    weights); without either, the weights are exactly 1/k with equal scores, and
-    the trace's ``tie_order`` is ``stored`` so that the source's order still says
+    weights: for softmax gatings they are the logits shifted by a constant per
+    step, candidate scores a step policy can use; a sigmoid router's are not,
+    and the trace is marked ``scores: false``); without either, the weights are
+    exactly 1/k with equal scores, the trace is marked ``scores: false``, and
+    its ``tie_order`` is ``stored`` so that the source's order still says
     which expert was the first choice. The selected experts are always stored,
     and the weights when given, so replay uses what the source recorded.
     ``inputs``: the files imported, which ``out`` must not be.
@@ -109,12 +112,14 @@ def write_topk_trace(out: str | os.PathLike, meta: TraceMeta, *, seq, pos, layer
     elif weights is not None:
         # a zero weight has no logit: floor it far below any real one so the rank order survives
         scores = np.log(np.maximum(weights, 1e-30))
+        if meta.gating == "sigmoid":
+            meta = meta.replace(scores=False)
     else:
         # No scores in the source: true 1/k weights (a threshold rule must see exactly 1/k);
         # the rank order lives in the stored order of `selected`, which tie_order keeps.
         weights = np.full((n, k), 1.0 / k)
         scores = np.zeros((n, k))
-        meta = meta.replace(tie_order="stored")
+        meta = meta.replace(tie_order="stored", scores=False)
     if lse is None:
         top = scores.max(axis=1)
         lse = top + np.log(np.exp(scores - top[:, None]).sum(axis=1))
