@@ -125,8 +125,24 @@ class Eviction:
 
     @property
     def spec(self) -> str:
-        """How a user writes it: ``freq[:H]``."""
-        return f"{self.name}[:{self.param.symbol}]" if self.param else self.name
+        """How a user writes it: ``freq[:H]``, ``repin:N[,G]``."""
+        if not self.param:
+            return self.name
+        extra = "".join(f"[,{p.symbol}]" for p in self.param.extra)
+        if self.param_required:
+            return f"{self.name}:{self.param.symbol}{extra}"
+        return f"{self.name}[:{self.param.symbol}{extra}]"
+
+    @property
+    def param_required(self) -> bool:
+        """The eviction is not defined without its parameter (a module's PARAM_REQUIRED: repin:N)."""
+        return bool(getattr(self.module, "PARAM_REQUIRED", False))
+
+    @property
+    def schedules(self) -> bool:
+        """A pinned placement whose pinned set changes during the replay (a module's ``schedule``: repin,
+        static-domain): simulator/args.py turns it into the kernels' pin events."""
+        return self.pinned and hasattr(self.module, "schedule")
 
     def kernel_params(self, value: float | None, ticks_per_token: int = 1) -> np.ndarray:
         """The kernels' parameter vector; ``ticks_per_token``: L x (E + k) of the replay (USES_TOKEN policies)."""
@@ -220,14 +236,39 @@ def get(name: str) -> Eviction:
 
 
 def parse_eviction(spec: str) -> tuple[str, float | None]:
-    """'lru' -> ('lru', None); 'freq:64' -> ('freq', 64.0); 'static:500' -> ('static', 500.0)."""
+    """'lru' -> ('lru', None); 'freq:64' -> ('freq', 64.0); 'static:500' -> ('static', 500.0); 'repin:64,8' ->
+    ('repin', 64.0) (eviction_values has the rest)."""
+    name, values = _values(spec)
+    return name, None if values is None else values[0]
+
+
+def eviction_values(spec: str) -> tuple[float, ...] | None:
+    """Every value of the eviction's parameter, its extra ones' defaults filled in ('repin:64' -> (64.0, 1.0));
+    None without a parameter."""
+    return _values(spec)[1]
+
+
+def canonical_eviction(spec: str) -> str:
+    """The one spelling of an eviction and its values (trailing extra values at their defaults left out), so that
+    equal configs hash equally: 'repin:64.0,1' -> 'repin:64'."""
+    name, values = _values(spec)
+    if values is None:
+        return name
+    ev = get(name)
+    vals = list(values)
+    while len(vals) > 1 and ev.param is not None and vals[-1] == ev.param.extra[len(vals) - 2].default:
+        vals.pop()
+    return f"{name}:" + ",".join(f"{v:g}" for v in vals)
+
+
+def _values(spec: str) -> tuple[str, tuple[float, ...] | None]:
     name, _, arg = str(spec).strip().partition(":")
     ev = get(name)
     if not arg:
         return name, None
     if ev.param is None:
         raise MoesimError(f"eviction policy {name!r} takes no parameter (got {spec!r})")
-    return name, ev.param.parse(spec, arg)
+    return name, ev.param.parse_all(spec, arg)
 
 
 def help_text() -> str:

@@ -10,11 +10,13 @@ twenty: numba passes every array as ~7-9 machine words per call.
   flag, which of its pool's lists the object is linked in, and a second pair of
   list links (a policy whose object may sit in two of its lists at once: LIRS);
 - ``objf`` float64 [objects, N_FO]: decayed request score, admission accumulator,
-  next-request tick, step mark, and two values of the policy's own (LRU-K's last
-  uses, MQ's expiry);
+  next-request tick, step mark, two values of the policy's own (LRU-K's last
+  uses, MQ's expiry) and the index of its last request in its pool (second-touch
+  admission);
 - ``pools`` int64 [pools + 1, N_PO]: capacity, occupancy, heap size/base, up to
-  nine linked lists (head, tail, length) and four per-pool policy scalars; the
-  last row is the host-RAM tier (an LRU list over all layers, list 0);
+  nine linked lists (head, tail, length), four per-pool policy scalars and the
+  pool's request count (second-touch admission); the last row is the host-RAM
+  tier (an LRU list over all layers, list 0);
 - ``heap`` float64 [sum of capacities, 3]: each pool's min-heap of (priority,
   last-use tick, object) rows, keys stored in the heap itself so that sifting reads
   contiguous memory (ticks and ids are exact in a float64 below 2^53); a keyed heap
@@ -43,7 +45,10 @@ N_OB = 12
 # that last marked the object (selected or run as a substitute); ticks and steps are exact below 2^53; P0, P1:
 # the policy's own (never touched by the kernels; a policy sets them before it reads them)
 SCORE, ACC, NREQ, MARK, P0, P1 = range(6)
-N_FO = 6
+# LASTREQ (the kernels', --admission second-touch): the index, among its pool's requests, of the object's last
+# request (-1: none since the reset)
+LASTREQ = 6
+N_FO = 7
 # heap columns
 HK1, HK2, HOBJ = range(3)
 # pools columns: capacity, resident count, heap size and base row; list q has HEAD + 3q, TAIL + 3q,
@@ -55,7 +60,8 @@ N_LISTS = 9  # MQ: eight queues and a ghost list
 X0 = HEAD + 3 * N_LISTS
 X1, X2, X3 = X0 + 1, X0 + 2, X0 + 3
 EXTRA_EVICTIONS = X3
-N_PO = X0 + 4
+REQS = X0 + 4  # the kernels' (--admission second-touch): the pool's requests since the reset
+N_PO = X0 + 5
 
 
 def new_pools(pool_cap: np.ndarray, ram_cap: int = -1) -> np.ndarray:

@@ -84,6 +84,8 @@ class Policy(NamedTuple):
     step_window: int       # recent:W's W
     step_biased: bool      # the rerouted set's weights from the biased scores
     gating_sigmoid: bool   # the trace's gating is sigmoid (gate weights are normalized sigmoids, not softmax)
+    admit_window: int      # --admission second-touch:W: a fetched expert is admitted only when requested within the
+                           # last W requests of its pool (SimConfig.admit_window; 0: always admitted)
 
 
 class Setup(NamedTuple):
@@ -95,6 +97,8 @@ class Setup(NamedTuple):
     pf_succ: np.ndarray        # [L, E, S] int16: next-layer prefetch successors (policies/prefetch.py), or empty
     pf_cnt: np.ndarray         # [L, E, S] int64: their counts
     lowbit_res: np.ndarray     # [L * E] bool: a low-bit copy is resident in VRAM (--lowbit-share)
+    pin_events: np.ndarray     # int64 [n, 3]: a re-pinning placement's (token, object, -1 out | +1 in), by token,
+                               # outs first (simulator/pin_events.py); empty for a fixed placement
 
 
 class State(NamedTuple):
@@ -206,7 +210,9 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     w = np.ascontiguousarray(run.w, dtype=np.float32)
     wm = w if wm is None else wm
     T, _, k = sel.shape
-    warmup = config.warmup_tokens if members is None else int((members.max(axis=1) < config.warmup_tokens).sum())
+    # --holdout F: the first floor(F x T) tokens are replayed but not counted (static placements learn from them)
+    skip = max(config.warmup_tokens, config.holdout_tokens(routing.n_tokens))
+    warmup = skip if members is None else int((members.max(axis=1) < skip).sum())
     next_req, first_req = run.next_requests()
     look = np.zeros((0, 0, 0), np.int16)
     if config.prefetch == "lookahead":
@@ -258,8 +264,19 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     param = config.eviction_param
     pinned = np.zeros(L * E, np.bool_)
     warm_objs = np.zeros(0, np.int64)
-    if ev.pinned:
-        prefix_counts = counts_all if param is None else source.request_counts(int(param))
+    hold = config.holdout_tokens(source.n_tokens)
+    if config.batch == 1:  # (a batch's warmup counts its steps: build() folds the holdout in)
+        warmup = max(warmup, hold)
+    pin_events = np.zeros((0, 3), np.int64)
+    if ev.schedules:  # repin, static-domain: the pinned set changes along the tokens (policies/repin.py)
+        if not isinstance(source, Routing):
+            raise MoesimError(f"{ev.name} replays a trace in memory (it reads the whole routing ahead): use --no-stream")
+        first, pin_events = ev.module.schedule(source, config.eviction_values, full_slots, config.allocation, hold)
+        pinned[first] = True
+    elif ev.pinned:
+        # static:W learns from the first W tokens; with a holdout (--holdout, the sweep's default), from the holdout
+        prefix = int(param) if param is not None else (hold or None)
+        prefix_counts = counts_all if prefix is None else source.request_counts(prefix)
         pinned[ev.module.pinned(prefix_counts, full_slots, config.allocation)] = True
     elif config.warm:
         # least popular first, so the most popular experts are the most recently inserted
@@ -285,13 +302,13 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                     max_uploads=upload_cap(config, cost), uses_next=ev.uses_next_request,
                     uses_score=ev.uses_score, admits=not ev.pinned, pin_mode=ev.pin_mode,
                     cpu_overlap=bool(getattr(cost, "cpu_overlap", False)) and overlap == prefetch_mod.OVERLAP_NONE,
-                    **step_policy(config, source))
+                    admit_window=config.admit_window, **step_policy(config, source))
     succ, cnt = np.zeros((0, 0, 0), np.int16), np.zeros((0, 0, 0), np.int64)
     if pf_code == prefetch_mod.NEXT_LAYER:
         succ, cnt = next_layer_table(source, config)
     setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, warm_objs=warm_objs, ram_warm=ram_warm,
                   cost=kernel_costs(cost, L, config.batch, config.low_quant), pf_succ=succ, pf_cnt=cnt,
-                  lowbit_res=lowbit_res)
+                  lowbit_res=lowbit_res, pin_events=pin_events)
     n_obj = L * E
     n_pf = n_obj if pf_code != prefetch_mod.NONE else 0
     state = State(objs=np.zeros((n_obj, N_OB), np.int32), objf=np.zeros((n_obj, N_FO), np.float64),
@@ -394,7 +411,8 @@ def family_of(config: SimConfig, cost: Any, record: bool = False, generic: bool 
     if generic or config.miss_name != "fetch-all" or config.prefetch != "none" or config.reroute is not None \
             or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or getattr(cost, "cpu_overlap", False):
         return "ext"
-    return "lean" if cost is None and not record else "plain"
+    # lean keeps no admission rule (the replay benchmark's loop): --admission second-touch runs on plain at least
+    return "lean" if cost is None and not record and not config.admit_window else "plain"
 
 
 def overlap_of(config: SimConfig, cost: Any) -> int:

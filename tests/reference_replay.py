@@ -32,8 +32,13 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                      params=None, decisions=None, overlap="none", prefetch="none", prefetch_depth=1,
                      prefetch_train=None, lookahead=None, step_pin=False, max_uploads=None, lowbit_tier=0,
                      cpu_overlap=False, reroute=None, reroute_pool=None, reroute_resident="cache",
-                     reroute_weights="original", logits=None, gating="softmax", selection_bias=None, rows=None):
-    """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
+                     reroute_weights="original", logits=None, gating="softmax", selection_bias=None, rows=None,
+                     admission=None):
+    """Counters per layer and per token (with "seconds" and "stall" per token). ``admission``: --admission
+    second-touch's window W in requests of the pool (math.inf: no window; None: always admit): a fetched expert is
+    admitted only when its pool requested it within its last W requests, else it is fetched for this use only;
+    evictions a policy makes beyond its insertions' victims (extra_victims: slru, lirs) count at the step's end,
+    written back then. ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
     Negative ids in ``sel`` are padding (batched routing); ``wm``: the mass a substitution loses
@@ -176,6 +181,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         state["decay_base"] = t
         state["clock"] = 0
         state["last_req"] = {}  # --reroute-resident recent:W: the token each expert was last requested at
+        state["reqs"] = dict.fromkeys(cap, 0)  # second-touch: each pool's requests since the reset
+        state["req_at"] = {}  # ... and the index of each expert's last one
         if warm and not pinning:
             order = list(reversed(most_requested(request_counts(T))))
             if allocation == "per-layer":
@@ -271,6 +278,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             arrivals, arrivals_own, waited = [], [], 0  # overlap: the step's link-dependent experts
             link_own = clock["now"]  # the link carrying only the step's own fetches (stall)
             queue = state["pending"][l]
+            extra0 = 0 if pinning else len(getattr(state["policy"][pool_of((l, 0))], "extra_victims", ()))
             cur["router"] = {(l, int(sel[t, l, r])): r for r in range(k) if sel[t, l, r] >= 0}
             cur["rowpos"] = None
             i = 0
@@ -334,6 +342,12 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 state["score"][o] += inc
                 c["requests"] += 1
                 tc["requests"] += 1
+                second = True  # --admission second-touch: requested within the window
+                if admission:
+                    ri, prev = state["reqs"][pool_of(o)], state["req_at"].get(o)
+                    state["reqs"][pool_of(o)] = ri + 1
+                    state["req_at"][o] = ri
+                    second = prev is not None and ri - prev <= admission
                 if resident(o):
                     decisions[(t, l, r)] = ("hit", -1)
                     c["hits"] += 1
@@ -419,7 +433,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                         tc["fetches_nvme"] += 1
                     if state["pf"].get(o) == "landed":
                         del state["pf"][o]
-                    if not pinning:
+                    if not pinning and second:  # else fetched for this use only
                         if max_uploads is not None and uploads >= max_uploads:
                             c["capped"] += 1
                             tc["capped"] += 1
@@ -480,6 +494,12 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     c["first_choice_substitutions"] += 1
                     tc["first_choice_substitutions"] += 1
                 background_copy(o, wr, c, tc, queue)
+            if not pinning:  # evictions beyond the insertions' victims (slru, lirs), written back at the step's end
+                extra = len(getattr(state["policy"][pool_of((l, 0))], "extra_victims", ())) - extra0
+                if extra:
+                    c["evictions"] += extra
+                    tc["evictions"] += extra
+                    clock["link"] = max(issue_time(), clock["link"]) + extra * cost["writeback"]
             if cpu_overlap:  # the CPU experts ran beside the GPU's: the later of the two ends the experts
                 clock["now"] = max(clock["now"], cpu_end)
             if c["cpu"] > cpu_before:  # the hand-off of a layer computed (partly) on the CPU

@@ -62,7 +62,7 @@ def oracle_trace(path, objs: np.ndarray) -> None:
     rec.tofile(path)
 
 
-def libcachesim_misses(path, policy: str, capacity: int, n_requests: int, **params) -> int:
+def libcachesim_misses(path, policy: str, capacity: int, n_requests: int, admissioner=None, **params) -> int:
     """libCacheSim's misses replaying the oracle trace at ``path`` (its C replay); ``params``: the
     policy's libCacheSim parameters (small_size_ratio=..., init_freq=...). S3FIFO with no slot for its
     small queue (capacity < 10 at the default ratio) aborts libCacheSim 0.3.5; its answer one step up
@@ -74,7 +74,7 @@ def libcachesim_misses(path, policy: str, capacity: int, n_requests: int, **para
         return n_requests
 
     reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-    ratio, _ = libcachesim_cache(policy, capacity, **params).process_trace(reader)
+    ratio, _ = libcachesim_cache(policy, capacity, admissioner=admissioner, **params).process_trace(reader)
     return int(round(ratio * n_requests))
 
 

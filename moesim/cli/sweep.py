@@ -6,6 +6,7 @@ import click
 
 from moesim.cli.output import FINITE, FiniteRange, Progress, ci_options, make_ci
 from moesim.cli.simulate import (
+    ADMISSION_HELP,
     EVICTION_HELP,
     LOWBIT_QUANT_OPTION,
     LOWBIT_SHARE_OPTION,
@@ -64,6 +65,8 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @click.option("--warmup-tokens", type=int, default=None, help="Replay but do not count the first W tokens.")
 @click.option("--reset-per-sequence/--no-reset-per-sequence", default=None,
               help="Empty the cache at each new sequence (default: no).")
+@click.option("--admission", default=None, metavar="always|second-touch[:W]",
+              help=ADMISSION_HELP + " Every row but the baseline (default: always).")
 @STEP_PIN_OPTION
 @MAX_UPLOADS_OPTION
 @LOWBIT_SHARE_OPTION
@@ -139,7 +142,7 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @ci_options
 @STREAM_OPTION
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-            reset_per_sequence, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine,
+            reset_per_sequence, admission, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine,
             speculative, accept, context, config,
             output, fmt, jobs, executor, top, baseline, rank_by, max_mass, wide, flush_every, quality, max_dppl,
             report_dir, reroute, reroute_pool, reroute_resident, reroute_weights, prefetch, prefetch_depth,
@@ -200,7 +203,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              overlap=overlap, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
                              lowbit_quant=lowbit_quant, context=context, speculative=speculative, accept=accept,
                              reroutes=given(reroute), reroute_pool=reroute_pool, reroute_resident=reroute_resident,
-                             reroute_weights=reroute_weights)
+                             reroute_weights=reroute_weights, admission=admission)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)

@@ -1,0 +1,60 @@
+"""One pin table per domain of the trace (``static-domain[:W]``): an engine that knows which kind of prompt it
+serves (code, chat, a language) pins that domain's hot experts and switches tables when the domain changes.
+
+Each domain's table is its most requested experts, as ``static`` chooses them (the top slots of each layer, or
+of the whole pool with ``--allocation global``), over its tokens in the learning range: the whole trace, the
+first W tokens with ``static-domain:W``, or the holdout prefix with ``--holdout`` (the sweep's default); a domain
+without tokens there has an empty table. The table of the first token with a domain is resident from the start;
+at each token whose domain differs from the current one (tokens without a domain keep it) the experts of the old
+table not in the new one are evicted and the new table's others uploaded at the start of the token, copies the
+token waits for (priced by the clock like fetches); misses are never admitted. Refused on a trace without domains."""
+
+import numpy as np
+
+from moesim.errors import MoesimError
+from moesim.policies.params import Param
+from moesim.policies.static import most_requested
+
+NAME = "static-domain"
+DOC = ("one pinned table per domain of the trace (its most requested experts; static-domain:W: from the first W "
+       "tokens), switched when the domain changes; the switch's uploads priced")
+PARAM = Param("prefix_tokens", "W", "a positive whole number of tokens", integer=True)
+
+
+def pinned(counts: np.ndarray, slots: int, allocation: str) -> np.ndarray:
+    """(Unused: the schedule gives the initial table.)"""
+    return np.zeros(0, np.int64)
+
+
+def schedule(source, values, slots: int, allocation: str, hold: int):
+    """The initial pinned objects and the pin events [(token, object, -1 | +1)] at the domain switches."""
+    domain = np.asarray(source.domain)
+    if not len(domain) or (domain < 0).all():
+        raise MoesimError("static-domain needs a trace with domains (the domain column; moesim import ... "
+                          "--domain, docs/trace-format.md): this trace has none")
+    sel = np.asarray(source.sel)
+    T, L, _ = sel.shape
+    E = source.n_experts
+    learn = int(values[0]) if values is not None else (hold or T)
+    tables: dict[int, set] = {}
+    for d in np.unique(domain[domain >= 0]).tolist():
+        rows = np.nonzero(domain[:learn] == d)[0]
+        counts = np.zeros((L, E), np.int64)
+        part = sel[rows]
+        for l in range(L):
+            x = part[:, l, :].reshape(-1)
+            counts[l] = np.bincount(x[x >= 0].astype(np.int64), minlength=E)
+        tables[d] = set(most_requested(counts, slots, allocation).tolist()) if len(rows) else set()
+    first = int(np.nonzero(domain >= 0)[0][0])
+    cur_d = int(domain[first])
+    cur = tables[cur_d]
+    events: list[tuple[int, int, int]] = []
+    for t in range(first + 1, T):
+        d = int(domain[t])
+        if d < 0 or d == cur_d:
+            continue
+        new = tables[d]
+        events += [(t, o, -1) for o in sorted(cur - new)] + [(t, o, 1) for o in sorted(new - cur)]
+        cur, cur_d = new, d
+    ev = np.array(events, np.int64).reshape(-1, 3)
+    return np.array(sorted(tables[int(domain[first])]), np.int64), ev
