@@ -2,7 +2,7 @@
 
     python benchmarks/compile_time.py [--evictions lru,lfu,...] [--skip-commands]
 
-For every kernel variant (simulator/kernels.py: lean and plain per eviction, the ext kernel with one
+For every kernel variant (simulator/kernels.py: plain per eviction, the ext kernel with one
 eviction's compiled hooks) a fresh process with an empty cache directory compiles it alone: CPU seconds
 (user + system of that process), wall seconds, and the bytes it wrote to the cache; then a second fresh
 process loads it from that cache (wall). Then the kernels the README's default sweep needs, compiled

@@ -1,18 +1,16 @@
-"""`moesim synth` speed: generator 2 (jitted, the default) vs generator 1 (the original numpy one), side
-by side in one process, for the Qwen3-235B-A22B geometry (94 MoE layers x 128 experts, top-8, 32
-candidates); tokens/s by wall clock and per CPU-second (all threads of the process), bytes per token, and
+"""`moesim synth` speed, side by side in one process, for the Qwen3-235B-A22B geometry (94 MoE layers x
+128 experts, top-8, 32 candidates): the default command (ranked layout, layers coupled), without layer
+coupling (knob couple = 0: the generator before coupling, same bytes), with the lookahead column, and the
+sparse layout; tokens/s by wall clock and per CPU-second (all threads of the process), bytes per token, and
 the load average of the machine around each run.
 
-    python benchmarks/synth_speed.py [--tokens 20000] [--old-tokens 2000] [--preset qwen3-235b-a22b]
+    python benchmarks/synth_speed.py [--tokens 20000] [--preset qwen3-235b-a22b]
     python benchmarks/synth_speed.py --default-only --stages [--against CHECKOUT] [--rounds 3]
 
-Also generator 2 without layer coupling (knob couple = 0: the generator before coupling, same bytes) and
-with the lookahead column, so the cost of each is measured in the same process.
-
 ``--stages``: where the CPU goes, one thread (numba's threads set to 1, the generator not run ahead):
-the generator (kernel and candidate sort), move-to-front coding of the ids, and the rest (Parquet/zstd,
-the writer's checks and Python), in CPU seconds per 10,000 tokens, each the least of 3 runs; the sum is
-what one core needs.
+the generator (kernel, candidate sort and unpacking) and the rest (the writer's columns and checks,
+Parquet/zstd, Python), in CPU seconds per 10,000 tokens, each the least of 3 runs; the sum is what one
+core needs.
 
 ``--against CHECKOUT``: the same measurement (default row and stages) of another checkout of moesim (e.g.
 ``git worktree add /tmp/base <commit>``), each in a fresh process, alternating with this checkout for
@@ -21,8 +19,7 @@ round (other jobs only ever add CPU time, so the least is the steadiest estimate
 sources are put first on the import path (through a temporary directory of links laid out like the
 installed package).
 
-Generator 1 runs on fewer tokens (it is slow); its rate does not depend on the length. The machine is
-shared: wall-clock rates fall when other jobs run, CPU-time rates much less.
+The machine is shared: wall-clock rates fall when other jobs run, CPU-time rates much less.
 """
 
 from __future__ import annotations
@@ -56,8 +53,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="qwen3-235b-a22b")
     ap.add_argument("--tokens", type=int, default=20000)
-    ap.add_argument("--old-tokens", type=int, default=2000)
-    ap.add_argument("--default-only", action="store_true", help="only the default command (generator 2, ranked)")
+    ap.add_argument("--default-only", action="store_true", help="only the default command (ranked)")
     ap.add_argument("--stages", action="store_true", help="CPU per stage, one thread")
     ap.add_argument("--against", type=Path, help="another checkout of moesim, measured alternately")
     ap.add_argument("--rounds", type=int, default=3)
@@ -79,14 +75,12 @@ def measure(args, tmp: Path) -> None:
         print(f"{args.preset}, {os.cpu_count()} cores")
     rows = []
     uncoupled = PRESETS[args.preset].replace(couple=0.0)
-    cases: list[tuple[str, int, dict]] = [("generator 2, ranked (default)", args.tokens, {})]
+    cases: list[tuple[str, int, dict]] = [("ranked (default)", args.tokens, {})]
     if not args.default_only:
         synthesize(args.preset, 50, path=tmp / "warm.parquet", knobs=uncoupled, lookahead=True)
-        cases += [("generator 2, ranked, uncoupled", args.tokens, {"knobs": uncoupled}),
-                  ("generator 2, ranked, --lookahead", args.tokens, {"lookahead": True}),
-                  ("generator 2, sparse", args.tokens, {"layout": "sparse"}),
-                  ("generator 1, ranked", args.old_tokens, {"generator": 1}),
-                  ("generator 1, sparse (before #17)", args.old_tokens, {"generator": 1, "layout": "sparse"})]
+        cases += [("ranked, uncoupled", args.tokens, {"knobs": uncoupled}),
+                  ("ranked, --lookahead", args.tokens, {"lookahead": True}),
+                  ("sparse", args.tokens, {"layout": "sparse"})]
     result: dict = {}
     for label, tokens, kw in cases:
         before = load()
@@ -105,11 +99,9 @@ def measure(args, tmp: Path) -> None:
         print(json.dumps(result))
     if args.default_only:
         return
-    new, old = rows[0], rows[5]
     print(f"coupled / uncoupled: {rows[0][2] / rows[1][2]:.2f}x wall, {rows[0][3] / rows[1][3]:.2f}x CPU; "
-          f"--lookahead / default: {rows[2][3] / rows[0][3]:.2f}x CPU")
-    print(f"speed-up of the default over the old command: {new[2] / old[2]:.1f}x wall, {new[3] / old[3]:.1f}x CPU; "
-          f"bytes {new[4] / old[4]:.2f}x")
+          f"--lookahead / default: {rows[2][3] / rows[0][3]:.2f}x CPU; ranked / sparse: {rows[0][3] / rows[3][3]:.1f}x "
+          f"CPU, bytes {rows[0][4] / rows[3][4]:.2f}x")
 
 
 REPEATS = 3  # each stage's time is its least of this many runs: other jobs only ever add time
@@ -132,7 +124,6 @@ def stages(preset: str, tokens: int, tmp: Path) -> dict:
     import numpy as np
 
     from moesim.costmodel.models import load_model
-    from moesim.traces import ranked as rk
     from moesim.traces import synthetic as S
     from moesim.traces.synth_presets import PRESETS
 
@@ -150,25 +141,13 @@ def stages(preset: str, tokens: int, tmp: Path) -> dict:
     weights = np.array([kn.domain(d).weight for d in names], dtype=np.float64)
     seq, pos, dom = S.plan_tokens(tokens, 1, len(names), kn, weights, S._rng(0, "layout"))
     base = S.base_scores(0, L, E, names, kn)
-    ids: list = []
-
     def generate():
-        ids[:] = [x[1] for x in S._chunks_v2(base, seq, pos, dom, kn, 0, M, full=False, lse=False,
-                                             weights=weights)]
+        for _ in S._chunks_v2(base, seq, pos, dom, kn, 0, M, full=False, lse=False, weights=weights):
+            pass
 
     gen = best(generate, REPEATS)
-    ids32 = np.concatenate(ids).astype(np.int32)
-    lay = np.tile(np.arange(L, dtype=np.int32), tokens)
-    mtf, R = rk.codec(), 65536
-
-    def encode():
-        for s in range(0, len(ids32), R):
-            mtf.encode(ids32[s:s + R], lay[s:s + R], rk.new_state(L, E)[1], L)
-
-    code = best(encode, REPEATS)
     per = 10000 / tokens
-    return {"generator": gen * per, "move-to-front": code * per, "rest": (total - gen - code) * per,
-            "total": total * per}
+    return {"generator": gen * per, "rest": (total - gen) * per, "total": total * per}
 
 
 def print_stages(st: dict) -> None:
@@ -221,7 +200,8 @@ def against(args) -> None:
               f"one-thread CPU {mean(b, one) / mean(a, one):.2f}x; "
               f"one thread: {10000 / mean(b, one):,.0f} -> {10000 / mean(a, one):,.0f} tokens per CPU-second")
         # the least disturbed round of each side (other jobs only ever add CPU time)
-        lo = {k: (min(x["stages"][k] for x in b), min(x["stages"][k] for x in a)) for k in b[0]["stages"]}
+        lo = {k: (min(x["stages"][k] for x in b), min(x["stages"][k] for x in a)) for k in b[0]["stages"]
+              if k in a[0]["stages"]}  # the stages both sides measure
         print("best round, one thread, CPU s per 10k tokens, before -> after: "
               + ", ".join(f"{k} {x:.3f} -> {y:.3f} ({x / y:.2f}x)" for k, (x, y) in lo.items())
               + f"; 2 threads: {max(x['cpu'] for x in b):,.0f} -> {max(x['cpu'] for x in a):,.0f} tokens per "

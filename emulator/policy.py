@@ -33,6 +33,8 @@ class LayerDecisions:
     outcome: np.ndarray      # [T, k] int8, rank order (OUTCOME_*)
     substitute: np.ndarray   # [T, k] int16, the expert run instead of a substituted one, else -1
     result: SimResult        # the layer's counters
+    selected: np.ndarray | None = None   # [T, k] int16, the row each step ran (rerouted or not), rank order;
+    #                                      None without a step policy
 
 
 def check_config(config: SimConfig) -> None:
@@ -53,6 +55,10 @@ def check_config(config: SimConfig) -> None:
     if config.batch != 1:
         raise MoesimError("the emulator runs one sequence at a time (batch 1); batched decoding is a time-model "
                           "question, not a quality one")
+    if config.reroute is not None and config.reroute_weights != "original":
+        from moesim.emulator.rerouted import BIASED_NEEDS
+
+        raise MoesimError(BIASED_NEEDS)
 
 
 def decide_layer(routing: Routing, config: SimConfig) -> LayerDecisions:
@@ -62,7 +68,8 @@ def decide_layer(routing: Routing, config: SimConfig) -> LayerDecisions:
     res = simulate(routing, config, record=True)
     d = res.decisions
     assert d is not None  # record=True always keeps them
-    return LayerDecisions(np.asarray(d.outcome)[:, 0, :], np.asarray(d.substitute)[:, 0, :], res)
+    selected = np.asarray(d.selected)[:, 0, :] if config.reroute is not None and d.selected is not None else None
+    return LayerDecisions(np.asarray(d.outcome)[:, 0, :], np.asarray(d.substitute)[:, 0, :], res, selected)
 
 
 def replay(routing: Routing, config: SimConfig) -> SimResult:
@@ -85,4 +92,10 @@ def combine(results: list[SimResult], layer_ids: tuple[int, ...]) -> SimResult:
         trace_digest="", synthetic=False, replay_seconds=sum(r.replay_seconds for r in results),
         token_seconds=np.zeros_like(first.token_mass), token_stall=np.zeros_like(first.token_mass),
         step_members=first.step_members, step_decode=first.step_decode, warmup_steps=first.warmup_steps,
+        displaced=np.concatenate([_zeros(r.displaced, 1) for r in results]),
+        token_displaced=np.sum([_zeros(r.token_displaced, len(r.token_mass)) for r in results], axis=0),
     )
+
+
+def _zeros(a: np.ndarray | None, n: int) -> np.ndarray:
+    return np.zeros(n) if a is None or len(a) != n else np.asarray(a, dtype=np.float64)

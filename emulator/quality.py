@@ -3,7 +3,10 @@
 A row's ``config_key`` is ``SimConfig.key()``, the key of the sweep's row for the same policy and
 cache size: a sweep of a trace of the same model joins its rows on (``model_id``, ``config_key``).
 ``setup_key`` names what else the perplexity depends on (text tokens, dtype, window, candidates,
-drop mode); ``row_key`` = ``setup_key:config_key``.
+drop mode); ``row_key`` = ``setup_key:config_key``. Besides perplexity a row holds ``kl`` (mean KL
+divergence of the next-token distribution from the unmodified model's, nats) and ``top1_agreement``
+(share of scored positions whose most likely next token is the unmodified model's); files written
+before those existed read with them null.
 
 The mass fit: among policies that always run the router's first choice (fetch-all, threshold,
 first-choice, cpu), the perplexity increase is fitted as dppl% = b x mass per step through the
@@ -29,8 +32,10 @@ MIN_FIT = 3  # fewest nonzero-mass measurements a fit is made from
 
 
 def policy_label(config: SimConfig) -> str:
-    """eviction / miss [/ admit β]: the sweep's policy column."""
+    """eviction / miss [/ admit β] [/ reroute ...]: the sweep's policy column."""
     parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
+    if config.reroute is not None:
+        parts.append(config.reroute_label())
     return " / ".join(parts)
 
 
@@ -41,6 +46,7 @@ def quality_rows(setup, runs) -> list[dict]:
     for run in runs:
         c = run.config
         t, o = run.result.totals(), run.open_loop.totals()
+        steps = run.result.counted_tokens * len(run.result.layer_ids)
         rows.append({
             "row_key": f"{setup.key}:{c.key()}", "setup_key": setup.key, "config_key": c.key(),
             "model_id": setup.model_id, "family": setup.family, "text_digest": setup.text_digest,
@@ -51,8 +57,11 @@ def quality_rows(setup, runs) -> list[dict]:
             "allocation": c.allocation, "warm": c.warm, "warmup_tokens": c.warmup_tokens,
             "reset_per_sequence": c.reset_per_sequence, "batch": c.batch,
             "ppl": run.ppl, "ppl_baseline": run.ppl_baseline, "dppl_pct": run.dppl_pct,
+            "kl": run.kl, "top1_agreement": run.top1_agreement,
             "fetches_first": always_fetches_first(c), "emulated": run.emulated, "seconds": run.seconds,
-            **{k: v for k, v in t.items()},
+            "reroute": c.reroute, "reroute_pool": c.reroute_pool, "reroute_resident": c.reroute_resident,
+            "reroute_weights": c.reroute_weights,
+            **{k: v for k, v in t.items()}, "steps": steps,
             "open_mass_per_step": o["mass_per_step"], "open_hit_rate": o["hit_rate"],
             "open_substitution_rate": o["substitution_rate"], "open_substitutions": o["substitutions"],
             "open_drops": o["drops"], "routing_drift": run.drift,
@@ -63,7 +72,9 @@ def quality_rows(setup, runs) -> list[dict]:
 def quality_frame(setup, runs):
     import polars as pl
 
-    return pl.DataFrame(quality_rows(setup, runs), infer_schema_length=None)
+    text = {c: pl.Utf8 for c in ("reroute", "reroute_resident", "reroute_weights")}
+    return pl.DataFrame(quality_rows(setup, runs), infer_schema_length=None,
+                        schema_overrides={**text, "reroute_pool": pl.Int64})
 
 
 # columns the readers use besides the key ones (the mass fit, the sweep's join, the report's chart)
@@ -71,7 +82,10 @@ _READ_COLUMNS = ("model_id", "policy", "budget", "slots", "mass_per_step", "hit_
 # columns a quality file's rows are checked for (types; then values, see read_quality)
 _TYPES = {"row_key": "String", "setup_key": "String", "config_key": "String", "model_id": "String", "ppl": "Float64",
           "ppl_baseline": "Float64", "dppl_pct": "Float64", "fetches_first": "Boolean", "mass_per_step": "Float64",
-          "budget": "Float64", "slots": "Int64", "hit_rate": "Float64", "open_mass_per_step": "Float64"}
+          "budget": "Float64", "slots": "Int64", "hit_rate": "Float64", "open_mass_per_step": "Float64",
+          "kl": "Float64", "top1_agreement": "Float64", "displaced_mass_per_step": "Float64"}
+# columns later versions added: a file written before them reads with them null (not measured then)
+_ADDED = ("kl", "top1_agreement", "displaced_mass_per_step")
 
 
 def read_quality(path: str | os.PathLike, *, note: bool = True):
@@ -92,6 +106,7 @@ def read_quality(path: str | os.PathLike, *, note: bool = True):
         raise MoesimError(f"{path}: not moesim quality results (missing columns: {', '.join(missing)})")
     if df.height == 0:
         raise MoesimError(f"{path}: holds no quality results")
+    df = df.with_columns([pl.lit(None, dtype=pl.Float64).alias(c) for c in _ADDED if c not in df.columns])
     df = typed(df, path, {name: getattr(pl, t) for name, t in _TYPES.items()})
     for name in ("row_key", "config_key", "model_id", "fetches_first"):
         if df[name].null_count():
@@ -100,7 +115,8 @@ def read_quality(path: str | os.PathLike, *, note: bool = True):
     check_values(df, path, ("ppl", "ppl_baseline"), lo=1, nulls=False)
     check_values(df, path, ("dppl_pct",), lo=-100, nulls=False)
     check_values(df, path, ("mass_per_step", "open_mass_per_step"), lo=0, nulls=False)
-    check_values(df, path, ("hit_rate",), lo=0, hi=1)
+    check_values(df, path, ("hit_rate", "top1_agreement"), lo=0, hi=1)
+    check_values(df, path, ("kl", "displaced_mass_per_step"), lo=0)
     check_equal(df, path, "dppl_pct", 100 * (pl.col("ppl") / pl.col("ppl_baseline") - 1), "its ppl and ppl_baseline")
     return df
 
@@ -152,14 +168,29 @@ def pearson(x, y) -> float:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def class_stats(df) -> dict[bool, dict]:
-    """Pearson r and n of (mass per step, dppl %) per class (fetches first: True / False), over the
-    configs with nonzero substituted mass."""
+def class_stats(df, x: str = "mass_per_step", y: str = "dppl_pct") -> dict[bool, dict]:
+    """Pearson r and n of (``x``, ``y``) per class (fetches first: True / False), over the configs with
+    nonzero ``x`` (substituted mass by default) and a measured ``y``."""
+    import polars as pl
+
     out = {}
     for cls in (True, False):
-        part = df.filter((df["fetches_first"] == cls) & (df["mass_per_step"] > 0))
-        out[cls] = {"n": part.height, "r": pearson(part["mass_per_step"], part["dppl_pct"])}
+        part = df.filter((pl.col("fetches_first") == cls) & (pl.col(x) > 0) & pl.col(y).is_not_null())
+        out[cls] = {"n": part.height, "r": pearson(part[x], part[y])}
     return out
+
+
+def moved_mass(df):
+    """``df`` + ``moved_per_step``: the gate mass per step a policy moved off the router's choice, i.e. its
+    mass per step (substituted and dropped, plus what rerouting displaced: the replay counts both in
+    ``mass``), and the name of what it sums: "substituted" when no row displaced any (no config reroutes,
+    or the results were written before rerouting existed), else "displaced + substituted"."""
+    import polars as pl
+
+    col = "displaced_mass_per_step"
+    rerouted = col in df.columns and bool((df[col].fill_null(0.0) > 0).any())
+    return (df.with_columns(pl.col("mass_per_step").alias("moved_per_step")),
+            "displaced + substituted" if rerouted else "substituted")
 
 
 def size_label(budget, slots) -> str:

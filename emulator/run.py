@@ -17,7 +17,8 @@ from moesim.emulator import policy
 from moesim.emulator.hooks import DROP_MODES, RouterTaps, apply_decisions
 from moesim.emulator.layer_routing import Tokens, layer_rows, routing_of, trace_meta
 from moesim.emulator.lowbit import LowbitExperts
-from moesim.emulator.perplexity import dppl_pct, perplexity, token_nll
+from moesim.emulator.perplexity import dppl_pct, perplexity, token_divergence, token_nll
+from moesim.emulator.rerouted import changed_rows, model_scale, set_weights
 from moesim.errors import MoesimError
 from moesim.policies import miss as miss_mod
 from moesim.policies.miss import OUTCOME_LOWBIT
@@ -25,8 +26,12 @@ from moesim.simulator import SimConfig, SimResult
 
 
 def always_fetches_first(config: SimConfig) -> bool:
-    """The miss policy always runs the router's first choice (fetch or compute it): the class in which
-    substituted gate mass predicts the perplexity increase (docs/emulator.md)."""
+    """The policy always runs the router's first choice (its miss policy fetches or computes it, and no
+    reroute may replace it: bias:λ can, keep:J with J >= 1 keeps it): the class in which the gate mass
+    a policy loses predicts the perplexity increase (docs/emulator.md; the sweep's rule too)."""
+    if config.reroute is not None and not (config.reroute.startswith("keep:")
+                                           and float(config.reroute.partition(":")[2]) >= 1):
+        return False
     return miss_mod.get(config.miss_name).keeps_first
 
 
@@ -78,13 +83,26 @@ class PolicyRun:
     drift: float                   # fraction of (token, layer) steps whose selected set differs from the open loop
     emulated: str                  # "forward" or "exact: no substitution, drop or low-bit run in the open loop"
     seconds: float
+    kl_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))   # KL(P_base || P) per scored token
+    top1_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # argmax P == argmax P_base
     outcome: np.ndarray | None = None      # [T, L, k] rank order (policy.OUTCOME_*); None for the shortcut
     substitute: np.ndarray | None = None   # [T, L, k] the expert run instead of a substituted one, else -1
+    selected: np.ndarray | None = None     # [T, L, k] the row each step ran (rank order), with --reroute only
     logits: object = None
 
     @property
     def dppl_pct(self) -> float:
         return dppl_pct(self.ppl, self.ppl_baseline)
+
+    @property
+    def kl(self) -> float:
+        """Mean KL divergence (nats) of the next-token distribution from the unmodified model's."""
+        return float(np.mean(self.kl_tokens)) if len(self.kl_tokens) else float("nan")
+
+    @property
+    def top1_agreement(self) -> float:
+        """Share of scored positions whose most likely next token is the unmodified model's."""
+        return float(np.mean(self.top1_tokens)) if len(self.top1_tokens) else float("nan")
 
     def to_dict(self, setup: EmulationSetup | None = None) -> dict:
         c = self.config
@@ -92,6 +110,7 @@ class PolicyRun:
         doc = {
             "config": {**c.to_dict(), "key": c.key(), "label": c.label()},
             "ppl": self.ppl, "ppl_baseline": self.ppl_baseline, "dppl_pct": self.dppl_pct,
+            "kl": self.kl, "top1_agreement": self.top1_agreement,
             "tokens": int(len(self.nll)), "mass_per_step": t["mass_per_step"],
             "always_fetches_first": always_fetches_first(c),
             "totals": t, "layers": self.result.layer_rows(),
@@ -200,9 +219,10 @@ class Emulator:
         self._lowbit: LowbitExperts | None = None
 
     # ------------------------------------------------------------------------------------ forward passes
-    def _forward(self, config: SimConfig | None, trace_out=None, keep_logits: bool = False):
+    def _forward(self, config: SimConfig | None, trace_out=None, keep_logits: bool = False, compare=None):
         """One teacher-forced pass. config None: the unmodified model. Returns (nll, layer rows,
-        per-layer decisions, logits or None, seconds)."""
+        per-layer decisions, logits or None, seconds, (KL, top-1 agreement) per scored token against
+        ``compare``'s logits or None)."""
         torch = self.torch
         rows_by_layer: list = [None] * self.L
         decided: list = [None] * self.L
@@ -223,6 +243,18 @@ class Emulator:
             sub_cols = np.empty_like(d.substitute)
             np.put_along_axis(out_cols, rows.perm, d.outcome, axis=1)
             np.put_along_axis(sub_cols, rows.perm, d.substitute, axis=1)
+            if d.selected is not None:   # rerouted steps run the replay's row, rank r in column r
+                ch = changed_rows(d.selected, rows.sel)
+                if ch.size:
+                    new = d.selected[ch].astype(np.int64)
+                    nw = set_weights(rows.cand[ch], rows.logits[ch], new, self.meta.gating) * model_scale(
+                        w[ch], lg[ch], new, self.meta.gating, self.meta.norm_topk_prob)
+                    out_cols[ch], sub_cols[ch] = d.outcome[ch], d.substitute[ch]
+                    at = r[torch.as_tensor(ch, device=r.device)].to(ids.device)
+                    weights = weights.reshape(-1, k).clone()
+                    ids = ids.reshape(-1, k).clone()
+                    weights[at] = torch.as_tensor(nw, device=ids.device).to(weights.dtype)
+                    ids[at] = torch.as_tensor(new, device=ids.device).to(ids.dtype)
             if quant is not None:  # the layer's experts run these requests on their Q-quantized copies
                 low = out_cols == OUTCOME_LOWBIT
                 mask = torch.zeros(ids.reshape(-1, k).shape, dtype=torch.bool, device=ids.device)
@@ -243,10 +275,11 @@ class Emulator:
                 with RouterTaps(self.routers, self.meta.n_experts, handler):
                     out = self.model(input_ids=self.input_ids, attention_mask=self.attention_mask, use_cache=False)
             nll = token_nll(torch, out.logits, self.input_ids, self.lengths)
+            div = token_divergence(torch, out.logits, compare, self.lengths) if compare is not None else None
         seconds = time.perf_counter() - t0
         if any(x is None for x in rows_by_layer):
             raise MoesimError("a MoE router did not run in the forward pass")
-        return nll, rows_by_layer, decided, (out.logits if keep_logits else None), seconds
+        return nll, rows_by_layer, decided, (out.logits if keep_logits else None), seconds, div
 
     def _lowbit_experts(self) -> LowbitExperts:
         if self._lowbit is None:
@@ -270,7 +303,7 @@ class Emulator:
     def baseline(self):
         """(nll, full Routing, logits) of the unmodified model on the run's tokens (computed once)."""
         if self._baseline is None:
-            nll, rows, _, logits, secs = self._forward(None, keep_logits=True)
+            nll, rows, _, logits, secs, _ = self._forward(None, keep_logits=True)
             routing = routing_of(self.meta, self.tokens, rows, list(range(self.L)))
             self._baseline = (nll, routing, logits, secs)
         return self._baseline
@@ -289,18 +322,25 @@ class Emulator:
         t0 = time.perf_counter()
         open_loop = policy.replay(base_routing, config)
         ot = open_loop.totals()
-        if shortcut and trace_out is None and ot["substitutions"] == 0 and ot["drops"] == 0 and ot["lowbit"] == 0:
+        if shortcut and trace_out is None and ot["substitutions"] == 0 and ot["drops"] == 0 and ot["lowbit"] == 0 \
+                and ot["rerouted"] == 0:
             return PolicyRun(config, perplexity(base_nll), perplexity(base_nll), base_nll, open_loop, open_loop,
-                             base_routing, 0.0, "exact: no substitution, drop or low-bit run in the open loop",
-                             time.perf_counter() - t0, logits=base_logits if keep_logits else None)
-        nll, rows, decided, logits, _ = self._forward(config, trace_out=trace_out, keep_logits=keep_logits)
+                             base_routing, 0.0, "exact: no substitution, drop, low-bit run or reroute in the open "
+                             "loop",
+                             time.perf_counter() - t0, kl_tokens=np.zeros(len(base_nll)),
+                             top1_tokens=np.ones(len(base_nll), dtype=bool),
+                             logits=base_logits if keep_logits else None)
+        nll, rows, decided, logits, _, div = self._forward(config, trace_out=trace_out, keep_logits=keep_logits,
+                                                           compare=base_logits)
+        assert div is not None
         routing = routing_of(self.meta, self.tokens, rows, list(range(self.L)))
         closed = policy.combine([d.result for d in decided], self.meta.moe_layers)
         drift = float(np.mean(np.any(np.sort(routing.sel, axis=2) != np.sort(base_routing.sel, axis=2), axis=2)))
         return PolicyRun(config, perplexity(nll), perplexity(base_nll), nll, closed, open_loop, routing, drift,
-                         "forward", time.perf_counter() - t0,
+                         "forward", time.perf_counter() - t0, kl_tokens=div[0], top1_tokens=div[1],
                          outcome=np.stack([d.outcome for d in decided], axis=1),
-                         substitute=np.stack([d.substitute for d in decided], axis=1), logits=logits)
+                         substitute=np.stack([d.substitute for d in decided], axis=1), logits=logits,
+                         selected=None if config.reroute is None else np.stack([d.selected for d in decided], axis=1))
 
 def load_emulator(model_dir: str | os.PathLike, texts, *, domains=None, dtype: str = "float32",
                   device: str | None = None, window: int | None = None, max_tokens: int | None = None,

@@ -42,6 +42,24 @@ def _presets() -> dict[str, dict]:
     return PRESETS
 
 
+_NEED = {"row_key", "trace_digest", "group_key", "eviction", "miss", "admit", "budget", "hit_rate",
+         "substitution_rate", "mass_per_step", "s_per_token", "preset", "policy"}
+
+
+def _results_columns(path: Path) -> None:
+    """Refuse a Parquet file that is not sweep results by its footer's columns, before reading it (a trace,
+    say, whose columns polars may not decode)."""
+    import pyarrow.parquet as pq
+
+    try:
+        names = set(pq.read_schema(path).names)
+    except Exception:  # noqa: BLE001 - not Parquet, or damaged: reading it says what is wrong
+        return
+    missing = sorted(_NEED - names)
+    if missing:
+        raise MoesimError(f"{path}: not a moesim sweep results file (missing columns: {', '.join(missing)})")
+
+
 def load_results(path, digest: str | None = None, baseline: str | None = None, routing=None) -> SweepData:
     """Read a sweep's results (and its .layers.parquet) and keep the rows of one trace and one
     machine pricing, with the columns the charts and tables use:
@@ -61,12 +79,12 @@ def load_results(path, digest: str | None = None, baseline: str | None = None, r
         rows, layers, path = path.rows, path.layers, Path("(in memory)")
     else:
         path = Path(path)
+        if path.is_file():
+            _results_columns(path)
         rows = _read_parquet(path, "results file", f"write one with moesim sweep TRACE -o {path.name}")
         lp = layers_path(path)
         layers = checked_rows(_read_parquet(lp, "per-layer results file"), lp, LAYER_SCHEMA) if lp.exists() else None
-    need = {"row_key", "trace_digest", "group_key", "eviction", "miss", "admit", "budget", "hit_rate",
-            "substitution_rate", "mass_per_step", "s_per_token", "preset", "policy"}
-    missing = sorted(need - set(rows.columns))
+    missing = sorted(_NEED - set(rows.columns))
     if missing:
         raise MoesimError(f"{path}: not a moesim sweep results file (missing columns: {', '.join(missing)})")
     if rows.height == 0:
@@ -281,20 +299,31 @@ def _load_quality(path):
 
 
 def _quality_figures(quality, notes: list[str]) -> list:
-    """dppl against substituted mass per policy class, one chart per model in the quality results."""
+    """dppl against substituted mass and KL against moved mass per policy class, one pair of charts per model
+    in the quality results (the KL chart where KL was measured)."""
     import polars as pl
 
-    from moesim.emulator.quality import class_stats, size_label
-    from moesim.reports.charts_quality import mass_dppl_chart
+    from moesim.emulator.quality import class_stats, moved_mass, size_label
+    from moesim.reports.charts_quality import mass_dppl_chart, mass_kl_chart
 
     figs: list = []
-    for model in quality["model_id"].unique(maintain_order=True).to_list():
+    for i, model in enumerate(quality["model_id"].unique(maintain_order=True).to_list()):
         part = quality.filter(pl.col("model_id") == model)
         stats = class_stats(part)
         fig = mass_dppl_chart(part, stats, model=model)
-        if len(figs):
-            fig.name = f"{fig.name}_{len(figs)}"
+        if i:
+            fig.name = f"{fig.name}_{i}"
         figs.append(fig)
+        if part["kl"].drop_nulls().len():   # quality files written before KL was measured have none
+            moved, what = moved_mass(part)
+            kst = class_stats(moved, "moved_per_step", "kl")
+            fig = mass_kl_chart(moved, kst, model=model, moved=what)
+            if i:
+                fig.name = f"{fig.name}_{i}"
+            figs.append(fig)
+            notes.append(f"{model}: KL vs {what} mass, Pearson r {kst[True]['r']:.3f} (n={kst[True]['n']}) among "
+                         f"policies that always fetch the first choice, {kst[False]['r']:.3f} (n={kst[False]['n']}) "
+                         "among those that may substitute it")
         notes.append(f"{model}: dppl vs mass, Pearson r {stats[True]['r']:.3f} (n={stats[True]['n']}) among policies "
                      f"that always fetch the first choice, {stats[False]['r']:.3f} (n={stats[False]['n']}) among "
                      "those that may substitute it")

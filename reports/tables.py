@@ -240,6 +240,7 @@ PRICED_COLUMNS = [
 # With intervals: whether this trace resolves the row's time (hit rate, unpriced) from its class's best.
 VS_BEST_COLUMN = Column("vs_best", "vs best", _text, "l", latex="vs\nbest")
 DPPL_COLUMN = Column("dppl_shown", "dppl %", lambda v: "-" if v is None else str(v), latex=r"$\Delta$ppl \%")
+KL_COLUMN = Column("kl", "KL", lambda v: "-" if v is None else f"{v:.4f}", latex="KL\n(nats)")
 
 
 def quality_note(members: list[dict]) -> str:
@@ -247,7 +248,11 @@ def quality_note(members: list[dict]) -> str:
     note = "dppl %: perplexity increase measured by moesim emulate"
     if fits:
         note += "; ~ marks an " + "; ".join(fits)
-    return note + "; '-': not emulated (policies that may substitute the first choice get no estimate)."
+    note += "; '-': not emulated (policies that may substitute the first choice get no estimate)."
+    if any(r.get("kl") is not None for r in members):
+        note += (" KL: mean KL divergence of the next-token distribution from the unmodified model's (nats per "
+                 "token), measured only.")
+    return note
 
 
 WIDE_COLUMNS = [
@@ -403,7 +408,8 @@ def sweep_tables(df, top: int | None = None, wide: bool = False, dropped: dict |
                            any(m.get("overlaps_best") is not None for m in members))
         if "dppl_shown" in members[0]:   # sweep --quality: measured (or, marked ~, estimated) dppl
             at = next(i for i, c in enumerate(cols) if c.key == "pareto")
-            cols = cols[:at] + [DPPL_COLUMN] + cols[at:]
+            kl = [KL_COLUMN] if any(m.get("kl") is not None for m in members) else []
+            cols = cols[:at] + [DPPL_COLUMN, *kl] + cols[at:]
         quant = members[0].get("quant_choice") or ""
         note = ((f"Quantization {quant}. " if quant and not quant.endswith(": given") else "")
                 + NOTE_COLUMNS

@@ -237,7 +237,7 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
               selected=np.full(shape, -1, np.int16), layer_displaced=np.zeros(L, np.float64),
               tok_displaced=np.zeros(T, np.float64))
     return Prepared(args=KernelArgs(steps, policy, setup, state, out),
-                    variant=variant_of(config, cost, record, generic), run=run, members=members, warmup_steps=warmup,
+                    variant=variant_of(config, cost, generic), run=run, members=members, warmup_steps=warmup,
                     slots=slots, ram_cap=ram_cap)
 
 
@@ -396,23 +396,22 @@ def upload_cap(config: SimConfig, cost: Any) -> int:
     return 0
 
 
-def variant_of(config: SimConfig, cost: Any, record: bool = False, generic: bool = False) -> Variant:
-    """The kernel a replay of ``config`` (priced by ``cost`` or not; with a decision record or not) runs;
+def variant_of(config: SimConfig, cost: Any, generic: bool = False) -> Variant:
+    """The kernel a replay of ``config`` (priced by ``cost`` or not) runs;
     ``generic``: the kernel a sweep runs it on (ext at least)."""
-    return variant(config.eviction_name, family_of(config, cost, record, generic))
+    return variant(config.eviction_name, family_of(config, cost, generic))
 
 
-def family_of(config: SimConfig, cost: Any, record: bool = False, generic: bool = False) -> str:
+def family_of(config: SimConfig, cost: Any, generic: bool = False) -> str:
     """The kernel family (simulator/kernels.py FAMILIES) a replay needs: engine for --step-pin, --max-uploads
     and the low-bit paths; ext for any other miss policy than fetch-all, prefetch, rerouting or an overlapped
-    clock; else lean (no clock, no host-RAM tier, no decision record) or plain."""
+    clock; else plain."""
     if config.step_pin or upload_cap(config, cost) or config.lowbit_share or miss_mod.miss_quant(config.miss):
         return "engine"
     if generic or config.miss_name != "fetch-all" or config.prefetch != "none" or config.reroute is not None \
             or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or getattr(cost, "cpu_overlap", False):
         return "ext"
-    # lean keeps no admission rule (the replay benchmark's loop): --admission second-touch runs on plain at least
-    return "lean" if cost is None and not record and not config.admit_window else "plain"
+    return "plain"
 
 
 def overlap_of(config: SimConfig, cost: Any) -> int:

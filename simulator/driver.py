@@ -55,7 +55,8 @@ def simulate(routing: Routing | DecodedStore | str | os.PathLike, config: SimCon
     if not isinstance(routing, Routing):
         tf = TraceFile(routing)
         if stream or (stream is None and should_stream(tf)):
-            with DecodedStore.from_file(tf, candidates=config.substitutes) as store:
+            with DecodedStore.from_file(tf, candidates=config.substitutes or config.reroute is not None,
+                                        logits=config.reroute is not None) as store:
                 return _simulate_stream(store, config, cost, record, chunk_tokens, tokens, generic)
         routing = load_routing(tf)
     elif stream:

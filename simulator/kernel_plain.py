@@ -1,7 +1,8 @@
 """The plain replay: every miss fetched (fetch-all), none of the engine features. A template:
 simulator/kernels.py compiles one copy per eviction policy, with the policy's hooks bound to HIT and
-INSERT and inlined where requests are handled, and LEAN bound to whether the replay keeps no clock, no
-host-RAM tier and no decision record (the loop with the fewest live values: the replay benchmark's).
+INSERT and inlined where requests are handled. (A copy without the clock, the host-RAM tier and the
+decision record compiled in gained 1.26x on the LRU and FIFO kernel alone but 1.10x on `moesim profile` end
+to end: retired, docs/performance.md.)
 
 The semantics are docs/replay-semantics.md's; tests/reference_replay.py is the slow reference this
 kernel matches count for count, second for second.
@@ -44,7 +45,6 @@ REKEY_CALL: Any = None   # its rekey hook, out of line (rescaled scores)
 USES_NEXT = False        # the policy reads each expert's next request
 USES_SCORE = False       # ... its decayed request score
 ADMITS = True            # False for pinned placements: a fetch is for this use only
-LEAN = False             # no clock, no host-RAM tier, no decision record
 
 
 def replay(steps, policy, setup, state, out):
@@ -63,19 +63,16 @@ def replay(steps, policy, setup, state, out):
     n_obj = ob.shape[0]
     E = n_obj // L
     ram = po.shape[0] - 1
-    tiered = False
-    record = False
+    tiered = po[ram, CAP] >= 0  # a host-RAM tier smaller than the experts: reads may come from NVMe
+    record = outcome.shape[0] > 0
     timed = False  # without a cost model every time is zero: the clock arithmetic is skipped
-    if not LEAN:
-        tiered = po[ram, CAP] >= 0  # a host-RAM tier smaller than the experts: reads may come from NVMe
-        record = outcome.shape[0] > 0
-        for c in range(cost.shape[0]):
-            if cost[c] != 0.0:
-                timed = True
+    for c in range(cost.shape[0]):
+        if cost[c] != 0.0:
+            timed = True
     half_life = prm[0] if USES_SCORE else 0.0
     # --admission second-touch:W: a fetched expert is admitted only when its pool requested it within the last W
-    # requests (args.family_of never gives the lean loop one)
-    adm_w = 0 if LEAN else policy.admit_window
+    # requests
+    adm_w = policy.admit_window
     if t0 == 0:
         first_ticks(steps.first_req, fo)
     s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
@@ -146,36 +143,34 @@ def replay(steps, policy, setup, state, out):
                 if ob[o, RES] != 0:
                     n_hit += 1
                     HIT(ob, fo, po, heap, prm, pool, o, tick + r, True)
-                    if not LEAN:
-                        if timed:
-                            now += s_vram
-                        if record:
-                            outcome[t, l, r] = OUTCOME_HIT
+                    if timed:
+                        now += s_vram
+                    if record:
+                        outcome[t, l, r] = OUTCOME_HIT
                     continue
                 n_fetch += 1
-                if not LEAN:
-                    nvme = tiered and from_nvme(o, ram, ob, po)
-                    if nvme:
-                        tok_counts[FETCHES_NVME, t] += 1
-                        if counting:
-                            layer_counts[l, FETCHES_NVME] += 1
-                    if timed:  # the copy waits for the link, then the expert runs
-                        start = max(now, link_free)
-                        stall += start - now
-                        link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
-                        now = link_free + s_vram
+                nvme = tiered and from_nvme(o, ram, ob, po)
+                if nvme:
+                    tok_counts[FETCHES_NVME, t] += 1
+                    if counting:
+                        layer_counts[l, FETCHES_NVME] += 1
+                if timed:  # the copy waits for the link, then the expert runs
+                    start = max(now, link_free)
+                    stall += start - now
+                    link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
+                    now = link_free + s_vram
                 if ADMITS and second:  # else fetched for this use only
                     if INSERT(ob, fo, po, heap, prm, pool, o, tick + r) >= 0:
                         n_evict += 1
-                        if not LEAN and timed:
+                        if timed:
                             link_free = max(now, link_free) + s_writeback
-                if not LEAN and record:
+                if record:
                     outcome[t, l, r] = OUTCOME_FETCH
             x = po[pool, EXTRA_EVICTIONS]  # evicted beyond the insertions' victims (slru, lirs): written back last
             if x:
                 po[pool, EXTRA_EVICTIONS] = 0
                 n_evict += x
-                if not LEAN and timed:
+                if timed:
                     link_free = max(now, link_free) + x * s_writeback
             tk_req += n_req
             tk_hit += n_hit

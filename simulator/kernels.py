@@ -1,8 +1,7 @@
 """The replay kernels and which one a replay runs.
 
-- ``lean`` and ``plain`` (simulator/kernel_plain.py): fetch-all without engine features, compiled per
-  eviction policy with its hooks inlined where requests are handled (``lean`` also without a clock, a
-  host-RAM tier or a decision record: the loop with the fewest live values, the replay benchmark's).
+- ``plain`` (simulator/kernel_plain.py): fetch-all without engine features, compiled per eviction policy
+  with its hooks inlined where requests are handled.
 - ``ext`` and ``engine`` (simulator/kernel_ext.py): every miss policy, admission, prefetch and the overlapped
   clock; ``engine`` also --step-pin, --max-uploads and the low-bit paths. One kernel serves every policy
   kept in a shared structure (lists, heaps, keyed heaps; pinned placements: policies/kinds.py), each
@@ -27,7 +26,7 @@ from moesim.policies import registry
 from moesim.policies.hooks import HIT_T, INSERT_T, REKEY_T
 from moesim.simulator import kernel_ext, kernel_plain
 
-FAMILIES = ("lean", "plain", "ext", "engine")
+FAMILIES = ("plain", "ext", "engine")
 
 
 class Variant(NamedTuple):
@@ -83,8 +82,7 @@ def _plain(v: Variant):
     ev = _policy_of(v.hook_set)
     h, called = ev.hooks(), registry.compiled_hooks(ev.hook_set)
     bindings = dict(HIT=h.hit, INSERT=h.insert, INSERT_CALL=called.insert, REKEY_CALL=called.rekey,
-                    USES_NEXT=ev.uses_next_request, USES_SCORE=ev.uses_score, ADMITS=not ev.pinned,
-                    LEAN=v.family == "lean")
+                    USES_NEXT=ev.uses_next_request, USES_SCORE=ev.uses_score, ADMITS=not ev.pinned)
     return specialize(kernel_plain.replay, v.name, bindings, ev.hook_modules, _nrt=False)
 
 

@@ -45,14 +45,20 @@ class TraceEntry:
 
     @property
     def source(self):
-        """What replays read: the Routing, or the DecodedStore of a streamed trace."""
+        """What replays read: the Routing, or the DecodedStore of a streamed trace (with the candidates'
+        logits when the trace keeps them: the reroute rows need them)."""
+        return self.source_for(logits=True)
+
+    def source_for(self, logits: bool):
+        """``source``; a streamed trace's store keeps the candidates' logits only with ``logits`` (they are
+        4 bytes per candidate per step on disk: left out when no replay reroutes)."""
         if not self.streamed:
             return self.routing
         if self._store is None:
             if self._routing is not None:
                 self._store = DecodedStore.from_routing(self._routing)
             else:
-                self._store = DecodedStore.from_file(self._file)
+                self._store = DecodedStore.from_file(self._file, logits=logits and self.meta.has_scores)
         return self._store
 
     def close(self) -> None:

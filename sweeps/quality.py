@@ -4,7 +4,8 @@ A sweep row and a quality row describe the same policy and cache size when their
 (``SimConfig.key()``) is equal, and the same model when their ``model_id`` is (both name the
 checkpoint as ``moesim trace hf`` does). Where a config was emulated its measured dppl is shown;
 for the policies that always run the router's first choice, the rest get the model's mass fit
-(emulator.quality.mass_fit), labelled an estimate with its r and n; the others stay empty.
+(emulator.quality.mass_fit), labelled an estimate with its r and n; the others stay empty. The
+next-token KL divergence and top-1 agreement are joined where measured only (no estimate).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def attach_quality(rows, quality, source="the quality results"):
     import polars as pl
 
     from moesim.emulator.quality import mass_fit
-    from moesim.policies.miss import MISS_POLICIES
+    from moesim.sweeps.ranking import keeps_first_choice
 
     theirs = set(quality["model_id"].to_list())
     ours = {m for m in rows["model_id"].to_list() if m is not None} if rows.height else set()
@@ -37,18 +38,21 @@ def attach_quality(rows, quality, source="the quality results"):
     if many.height:
         raise MoesimError(f"the quality results hold several emulation setups (texts, dtype, window...) for model "
                           f"{many['model_id'][0]}; keep one per model")
-    measured = {(r["model_id"], r["config_key"]): r["dppl_pct"] for r in quality.iter_rows(named=True)}
+    measured = {(r["model_id"], r["config_key"]): r for r in quality.iter_rows(named=True)}
     fits: dict = {}
-    vals, srcs, shown = [], [], []
+    vals, srcs, shown, kls, top1s = [], [], [], [], []
     for r in rows.iter_rows(named=True):
-        v = measured.get((r["model_id"], r["config_key"]))
+        q = measured.get((r["model_id"], r["config_key"]))
+        v = q["dppl_pct"] if q is not None else None
+        kls.append(q.get("kl") if q is not None else None)
+        top1s.append(q.get("top1_agreement") if q is not None else None)
         fk = (r["model_id"], r["budget"], r["slots"])
         if fk not in fits:
             fits[fk] = mass_fit(quality, r["model_id"], r["budget"], r["slots"])
         fit = fits[fk]
         if v is not None:
             vals.append(v), srcs.append("measured"), shown.append(f"{v:+.2f}")
-        elif fit is not None and MISS_POLICIES[r["miss"].split(":")[0]].keeps_first and r["mass_per_step"] is not None \
+        elif fit is not None and keeps_first_choice(r["miss"], r.get("reroute")) and r["mass_per_step"] is not None \
                 and math.isfinite(r["mass_per_step"]):
             e = fit.estimate(r["mass_per_step"])
             vals.append(e), srcs.append(fit.label()), shown.append(f"~{e:+.2f}")
@@ -56,15 +60,22 @@ def attach_quality(rows, quality, source="the quality results"):
             vals.append(None), srcs.append(None), shown.append(None)
     return rows.with_columns(pl.Series("dppl_pct", vals, dtype=pl.Float64),
                              pl.Series("dppl_source", srcs, dtype=pl.Utf8),
-                             pl.Series("dppl_shown", shown, dtype=pl.Utf8))
+                             pl.Series("dppl_shown", shown, dtype=pl.Utf8),
+                             pl.Series("kl", kls, dtype=pl.Float64),
+                             pl.Series("top1_agreement", top1s, dtype=pl.Float64))
 
 
-def within(rows, max_dppl: float, **ranking):
-    """Only the rows whose dppl % (measured or estimated) is at most ``max_dppl``, re-ranked
-    (``ranking``: annotate's baseline and rank_by, as the sweep ranked them)."""
+def within(rows, max_dppl: float | None = None, max_kl: float | None = None, **ranking):
+    """Only the rows whose dppl % (measured or estimated) is at most ``max_dppl`` and whose measured
+    KL divergence is at most ``max_kl`` (either limit optional), re-ranked (``ranking``: annotate's
+    baseline and rank_by, as the sweep ranked them)."""
     import polars as pl
 
     from moesim.sweeps.ranking import annotate
 
-    kept = rows.filter(pl.col("dppl_pct").is_not_null() & (pl.col("dppl_pct") <= max_dppl))
+    kept = rows
+    if max_dppl is not None:
+        kept = kept.filter(pl.col("dppl_pct").is_not_null() & (pl.col("dppl_pct") <= max_dppl))
+    if max_kl is not None:
+        kept = kept.filter(pl.col("kl").is_not_null() & (pl.col("kl") <= max_kl))
     return annotate(kept, **ranking)

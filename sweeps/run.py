@@ -300,7 +300,8 @@ def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, pro
     work = [dataclasses.replace(ts[0], config=replay_twin(ts[0].config)) for ts in waiting.values()]
     for t in work:
         check_stream(t.config, entries[t.trace], executor, ci)
-    routings = [e.source if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
+    routings = [e.source_for(logits=any(t.trace == i and t.config.reroute for t in work))
+                if any(t.trace == i for t in work) else None for i, e in enumerate(entries)]
     for t in work:
         check_config(t.config, routings[t.trace])
     executor_stats: dict = {}

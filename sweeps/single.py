@@ -57,7 +57,7 @@ def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: 
     tasks, costs, cost_info, notes = plan([entry], grid)
     for task in tasks:
         check_stream(task.config, entry, "local", ci)
-    routing = entry.source
+    routing = entry.source_for(logits=config.reroute is not None)
     rows, layers, mine = [], [], None
     for task in tasks:
         check_config(task.config, routing)

@@ -93,6 +93,16 @@ def _locked(path: Path):
         os.close(fd)  # releases the lock
 
 
+def _columns(path: Path) -> set[str] | None:
+    """The column names in a Parquet file's footer, None when it is not Parquet or is damaged."""
+    import pyarrow.parquet as pq
+
+    try:
+        return set(pq.read_schema(path).names)
+    except Exception:  # noqa: BLE001 - unreadable or not Parquet: reading it says what is wrong
+        return None
+
+
 def _read(path: Path, traces: dict | None = None):
     """(rows, layers) of a results file pair, only configs present in both; None if there is no file.
     ``traces``: as checked_rows takes them."""
@@ -103,15 +113,16 @@ def _read(path: Path, traces: dict | None = None):
         if lp.exists():  # results removed, or a file of that name that has nothing to do with the sweep
             _check_layers_file(lp)
         return None
+    names = _columns(path)  # from the footer first: a foreign Parquet file (a trace, say) is never decoded
+    missing = [c for c in _KEY_COLUMNS if names is not None and c not in names]
+    if missing:
+        raise MoesimError(f"{path}: exists and is not a moesim sweep results file (no {', '.join(missing)} "
+                          "column); refusing to replace it: move it away or pick another -o")
     try:  # not an input (no note): the file this sweep extends
         rows = read_parquet(path, "results file", note=False)
         layers = read_parquet(lp, "per-layer results file", note=False) if lp.exists() else None
     except MoesimError as exc:  # a foreign or damaged file: never overwrite it silently
         raise MoesimError(f"{exc}; refusing to replace it: move it away or pick another -o") from None
-    missing = [c for c in _KEY_COLUMNS if c not in rows.columns]
-    if missing:
-        raise MoesimError(f"{path}: exists and is not a moesim sweep results file (no {', '.join(missing)} "
-                          "column); refusing to replace it: move it away or pick another -o")
     if layers is not None:
         _check_layers_file(lp, layers.columns)
     rows = checked_rows(rows, path, traces=traces)

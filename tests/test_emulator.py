@@ -216,3 +216,16 @@ def test_lowbit_runs_quantized_experts(emulator, monkeypatch):
 def test_lowbit_quant_the_emulator_cannot_compute_is_refused(emulator):
     with pytest.raises(MoesimError, match="emulator computes low-bit experts"):
         emulator.run(SimConfig(eviction="lru", miss="lowbit:iq4_xs", slots=2))
+
+
+def test_the_emulators_routing_is_its_traces_decoding(emulator, tmp_path):
+    """The routing the emulator replays (Routing objects built in memory, logits included) is what its
+    closed-loop trace of the same pass decodes to."""
+    from moesim.traces import load_routing
+
+    out = tmp_path / "closed.parquet"
+    run = emulator.run(SimConfig(eviction="lru", miss="substitute", slots=4), trace_out=out)
+    r, t = run.routing, load_routing(out)
+    assert r.has_scores and r.logits.shape == r.cand.shape
+    for name in ("sel", "w", "cand", "logits"):
+        np.testing.assert_array_equal(getattr(r, name), getattr(t, name), err_msg=name)

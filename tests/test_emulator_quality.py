@@ -81,7 +81,8 @@ def test_sweep_quality_column_measured_estimated_or_empty(setup):
     measured = dict(zip(qdf["config_key"].to_list(), qdf["dppl_pct"].to_list()))
     seen = set()
     for r in rows:
-        fetches_first = r["miss"].split(":")[0] in ("fetch-all", "threshold", "first-choice", "cpu")
+        fetches_first = r["miss"].split(":")[0] in ("fetch-all", "threshold", "first-choice", "cpu") \
+            and not (r.get("reroute") or "none").startswith("bias:")   # a bias may replace the first choice
         if r["config_key"] in measured:
             assert r["dppl_source"] == "measured" and r["dppl_pct"] == pytest.approx(measured[r["config_key"]])
             seen.add("measured")
@@ -117,3 +118,70 @@ def test_report_draws_dppl_against_mass_per_class(setup, tmp_path):
     assert (tmp_path / "rep" / manifest["files"]["charts"]["dppl_vs_mass"]["png"]).is_file()
     note = next(n for n in manifest["notes"] if "Pearson r" in n)
     assert "always fetch the first choice" in note and "n=" in note
+
+
+def test_grid_rows_carry_kl_and_top1(setup):
+    _, _, q, _, _ = setup
+    df = pl.read_parquet(q)
+    assert df["kl"].null_count() == 0 and df["kl"].min() >= 0
+    assert df["top1_agreement"].min() >= 0 and df["top1_agreement"].max() <= 1
+    fetch_all = df.filter(pl.col("miss") == "fetch-all")
+    assert fetch_all["kl"].max() == 0 and fetch_all["top1_agreement"].min() == 1
+    assert df.filter(pl.col("miss") == "substitute")["kl"].min() > 0
+
+
+def test_max_kl_keeps_only_measured_configs_within(setup):
+    _, _, q, trace, _ = setup
+    limit = float(pl.read_parquet(q)["kl"].median())
+    res = CliRunner().invoke(cli, ["sweep", str(trace), "--slots", "4", "--jobs", "1", "--quality", str(q),
+                                   "--max-kl", str(limit), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert rows and all(r["kl"] is not None and r["kl"] <= limit for r in rows)
+    assert sorted(r["rank"] for r in rows) == list(range(1, len(rows) + 1))
+    table = CliRunner().invoke(cli, ["sweep", str(trace), "--slots", "4", "--jobs", "1", "--quality", str(q)])
+    assert " KL " in table.output and "KL divergence" in table.output
+    bad = CliRunner().invoke(cli, ["sweep", str(trace), "--slots", "4", "--max-kl", "0.1"])
+    assert bad.exit_code == 2 and "--max-kl needs --quality" in bad.output
+    neg = CliRunner().invoke(cli, ["sweep", str(trace), "--slots", "4", "--quality", str(q), "--max-kl", "-1"])
+    assert neg.exit_code == 2
+
+
+def test_quality_files_written_before_kl_still_read(setup, tmp_path):
+    _, _, q, trace, _ = setup
+    old = tmp_path / "old.parquet"
+    pl.read_parquet(q).drop("kl", "top1_agreement", "displaced_mass_per_step", "steps").write_parquet(old)
+    from moesim.emulator.quality import read_quality
+
+    df = read_quality(old)
+    assert df["kl"].null_count() == df.height and df["top1_agreement"].null_count() == df.height
+    res = CliRunner().invoke(cli, ["sweep", str(trace), "--slots", "4", "--jobs", "1", "--quality", str(old),
+                                   "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert all(r["kl"] is None for r in json.loads(res.stdout)["rows"])
+    rep = CliRunner().invoke(cli, ["report", str(old), "-o", str(tmp_path / "rep")])
+    assert rep.exit_code == 0, rep.output
+    charts = json.loads((tmp_path / "rep" / "report.json").read_text())["files"]["charts"]
+    assert "dppl_vs_mass" in charts and "kl_vs_mass" not in charts
+
+
+def test_report_draws_kl_against_moved_mass(setup, tmp_path):
+    _, _, q, _, _ = setup
+    res = CliRunner().invoke(cli, ["report", str(q), "-o", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert (tmp_path / "rep" / manifest["files"]["charts"]["kl_vs_mass"]["png"]).is_file()
+    note = next(n for n in manifest["notes"] if "KL vs" in n)
+    assert "KL vs substituted mass" in note   # no config here reroutes: the substituted mass alone
+
+
+def test_moved_mass_names_the_displaced_mass_when_the_results_have_it():
+    from moesim.emulator.quality import moved_mass
+
+    # the replay's mass per step already holds the displaced mass (docs/replay-semantics.md)
+    df = pl.DataFrame({"mass_per_step": [0.1, 0.25, 0.3], "displaced_mass_per_step": [None, 0.05, 0.3]},
+                      schema_overrides={"displaced_mass_per_step": pl.Float64})
+    out, what = moved_mass(df)
+    assert what == "displaced + substituted" and out["moved_per_step"].to_list() == [0.1, 0.25, 0.3]
+    out, what = moved_mass(df.with_columns(pl.lit(0.0, dtype=pl.Float64).alias("displaced_mass_per_step")))
+    assert what == "substituted" and out["moved_per_step"].to_list() == [0.1, 0.25, 0.3]

@@ -68,7 +68,7 @@ def test_a_long_compile_is_announced_on_stderr_once(tmp_path):
 def test_nothing_is_cached_under_the_source_tree_without_a_cache_directory(tmp_path):
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the cache directory would go")
-    code = ("from moesim.simulator import kernels; kernels.ensure([kernels.variant('fifo', 'lean')]); "
+    code = ("from moesim.simulator import kernels; kernels.ensure([kernels.variant('fifo', 'plain')]); "
             "from moesim.traces import derived")
     res = _run(code, blocked)
     assert res.returncode == 0, res.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,14 +52,14 @@ def load_decoded(source, candidates: int | None = None, logits: bool = True):
     if path.exists():
         try:
             with np.load(path, allow_pickle=False) as z:
-                arrs = {k: z[k] if k in z.files else None if k in _OPTIONAL else z[k]
-                        for k in TOKEN_ARRAYS + STEP_ARRAYS}
+                arrs: dict[str, Any] = {k: z[k] if k in z.files or k not in _OPTIONAL else None
+                                        for k in TOKEN_ARRAYS + STEP_ARRAYS}
                 names = [str(x) for x in z["domain_names"]]
             return Routing(meta=tf.meta, domain_names=names, digest=tf.digest, path=tf.path, **arrs)
         except Exception:  # damaged or foreign: decode again and overwrite
             path.unlink(missing_ok=True)
     r = decode(tf, candidates=candidates, logits=logits)
-    arrs = {k: a for k in TOKEN_ARRAYS + STEP_ARRAYS if (a := getattr(r, k)) is not None}
+    arrs = {k: getattr(r, k) for k in TOKEN_ARRAYS + STEP_ARRAYS if getattr(r, k) is not None}
     if sum(a.nbytes for a in arrs.values()) <= MAX_BYTES:
         try:
             with atomic(path) as tmp, open(tmp, "wb") as f:

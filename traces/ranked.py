@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-ID_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2")}
-LOGIT_TYPE = np.dtype("<f4")
+ID_TYPES: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2")}
+LOGIT_TYPE: np.dtype = np.dtype("<f4")
 
 
 def code_width(n_experts: int) -> int:
@@ -24,8 +24,8 @@ def id_bytes(ids: np.ndarray, width: int) -> np.ndarray:
 
 
 def ids_of(raw: np.ndarray, width: int) -> np.ndarray:
-    """Inverse of id_bytes: bytes [n, M * width] -> ids [n, M] int64."""
-    return np.ascontiguousarray(raw).view(ID_TYPES[width]).astype(np.int64)
+    """Inverse of id_bytes: bytes [n, M * width] -> ids [n, M] int16 (E <= 32767)."""
+    return np.ascontiguousarray(raw).view(ID_TYPES[width]).astype(np.int16)
 
 
 def logit_bytes(x: np.ndarray) -> np.ndarray:
@@ -59,10 +59,16 @@ def binary_rows(col, width: int) -> np.ndarray:
     return flat[col.offset * width:].reshape(n, width)
 
 
-def first_bad_row(ids: np.ndarray, n_experts: int) -> int:
-    """The first row of ids [n, M] holding an id outside 0..E-1 or repeating one, else n (jitted:
+def check_rows(ids: np.ndarray, scores: np.ndarray | None, n_experts: int, ties_by_id: bool) -> tuple[int, int]:
+    """(the first row of ids [n, M] holding an id outside 0..E-1 or repeating one, the first row whose
+    selection scores [n, M] are out of rank order: higher than the one before, or with ``ties_by_id``
+    equal with a lower id), each n when there is none; ``scores`` None: no order check (jitted:
     traces/ranked_check.py)."""
-    from moesim.traces.ranked_check import first_bad_row as check
+    from moesim.traces.ranked_check import first_bad_rows
 
     a = ids if ids.dtype in (np.int16, np.int32, np.int64) else ids.astype(np.int64)
-    return int(check(np.ascontiguousarray(a), n_experts))
+    sc = np.zeros((0, 0), np.float32) if scores is None else scores
+    if sc.dtype not in (np.float32, np.float64):
+        sc = sc.astype(np.float64)
+    bad_id, bad_order = first_bad_rows(np.ascontiguousarray(a), np.ascontiguousarray(sc), n_experts, ties_by_id)
+    return int(bad_id), int(bad_order)

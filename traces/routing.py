@@ -162,8 +162,10 @@ def decode(tf: TraceFile, *, candidates: int | None = None, logits: bool = True)
     w = np.empty((T * L, k), dtype=np.float32)
     cand = np.empty((T * L, M), dtype=np.int16)
     lg = np.empty((T * L, M), dtype=np.float32) if logits and meta.has_scores else None
+    # rows in token order (every moesim writer's): slices, not a scatter
+    in_order = bool((idx.target == np.arange(len(idx.target))).all())
     for rows, ranked, s_ord, w_ord, x in _decoded_batches(tf, idx.target % L):
-        tgt = idx.target[rows]
+        tgt = rows if in_order else idx.target[rows]
         cand[tgt] = ranked[:, :M]
         sel[tgt] = s_ord
         w[tgt] = w_ord
@@ -360,21 +362,22 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] 
                 raise MoesimError(f"{tf.path}: column {name} has missing values")
             raw[name] = rk.binary_rows(col, size)
         ids = rk.ids_of(raw["ranked_ids"], width)
-        bad = rk.first_bad_row(ids, E)
-        if bad < n:
-            raise MoesimError(f"{tf.path}: column ranked_ids row {start + bad} holds an expert id outside 0..{E - 1} "
-                              "or repeats one (damaged file)")
         x = rk.logits_of(raw["ranked_logits"])
-        with np.errstate(invalid="ignore"):
-            vals = x.astype(np.float64)
-        if not np.isfinite(vals).all():
+        if not np.isfinite(x).all():
             raise MoesimError(f"{tf.path}: column ranked_logits holds NaN or infinite values")
         # layer_ord is only sliced by file rows (a streamed decode passes one row group's ordinals)
-        bias_rows = bias[np.asarray(layer_ord[rows])[:, None], ids] if bias is not None else None
-        bad = gating.first_unranked_row(ids, gating.selection_scores(vals, meta.gating, bias_rows), not stored)
-        if bad < n:
-            raise MoesimError(f"{tf.path}: ranked_logits row {start + bad} is not in rank order (best selection "
-                              "score first" + ("" if stored else ", equal scores lower id first") + "; damaged file)")
+        bias_rows = None
+        if bias is not None:
+            bias_rows = bias[np.asarray(layer_ord[rows])[:, None], np.clip(ids, 0, E - 1)]
+        score = gating.selection_scores(x, meta.gating, bias_rows) if meta.gating == "sigmoid" else x
+        bad_id, bad_order = rk.check_rows(ids, score, E, not stored)
+        if bad_id < n:
+            raise MoesimError(f"{tf.path}: column ranked_ids row {start + bad_id} holds an expert id outside "
+                              f"0..{E - 1} or repeats one (damaged file)")
+        if bad_order < n:
+            raise MoesimError(f"{tf.path}: ranked_logits row {start + bad_order} is not in rank order (best "
+                              "selection score first" + ("" if stored else ", equal scores lower id first")
+                              + "; damaged file)")
         if has_sel:
             s = _fixed(batch.column("selected"), k, np.int64, "selected", tf.path)
             _check_ids(s, E, "selected", tf.path)
@@ -382,15 +385,20 @@ def _ranked_batches(tf: TraceFile, layer_ord: np.ndarray, row_groups: list[int] 
             s = ids[:, :k]
         if has_w:
             ww = _normalized(_weights(batch, k, tf.path), str(tf.path))
-        else:
-            if has_sel:
-                sel_logits, found = gating.lookup(ids, vals, s)
-                if not found.all():
-                    raise MoesimError(f"{tf.path}: a selected expert is not among the row's candidates and the "
-                                      "trace stores no weights to weigh it")
-            else:
-                sel_logits = vals[:, :k]
+        elif has_sel:
+            sel_logits, found = gating.lookup(ids, x, s)
+            if not found.all():
+                raise MoesimError(f"{tf.path}: a selected expert is not among the row's candidates and the "
+                                  "trace stores no weights to weigh it")
             ww = gating.gate_weights(sel_logits, meta.gating)
+        else:
+            ww = gating.gate_weights(x[:, :k], meta.gating)
+            if meta.gating != "sigmoid":
+                # the k first-ranked candidates, weighed by the softmax of their (ranked) logits: already in
+                # the selection's rank order (equal weights come from equal logits, ranked as the tie order
+                # says), so order_selected would give them back as they are
+                yield rows, ids, s, ww, x
+                continue
         s_ord, w_ord = gating.order_selected(s, ww, keep_stored=stored)
         yield rows, ids, s_ord, w_ord, x
 

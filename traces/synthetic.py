@@ -232,7 +232,7 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
 
     def batches(chunks) -> Iterator[dict]:
         """The writer's columns of each chunk."""
-        for rows, ids, top_q, q_full, lse in chunks:
+        for rows, ids, top_q, logits, q_full, lse in chunks:
             c = rows.stop - rows.start
             extra: dict = {}
             if sigmoid:
@@ -244,7 +244,6 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
                                                    kn.grid)
             if with_column:
                 extra["domain"] = np.repeat(dom[rows], L)
-            logits = (top_q * kn.grid).astype(np.float32)
             if ranked:
                 extra.update(_ranked_columns(ids, logits, model.gating))
             else:
@@ -252,13 +251,13 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
             yield dict(seq=np.repeat(seq[rows], L), pos=np.repeat(pos[rows], L), layer=layer_rows(c),
                        phase=np.repeat(phase_codes[rows], L), **extra)
 
-    # two stages, each on its own cores: the generator thread runs the kernel (all cores but one) and sorts
-    # each row's candidate keys, this thread unpacks them, makes the columns and writes (one core; where
-    # the CPU time balances: docs/synthetic.md)
+    # two stages, each on its own cores: the generator thread runs the kernel (all cores but one), sorts each
+    # row's candidate keys and unpacks them, this thread makes the columns, checks and writes them (one core;
+    # where the CPU time balances: docs/synthetic.md)
     gen_threads, threads = _thread_split()
     keys = _keys_v2(base, seq, pos, dom, kn, seed, M, full=sigmoid, lse=not ranked, weights=weights,
                     buffers=AHEAD + 2)
-    made = batches(_unpacked(_ahead(_sorted(_numba_threads_in(keys, gen_threads)), AHEAD), M))
+    made = batches(_ahead(_unpacked(_sorted(_numba_threads_in(keys, gen_threads)), M, kn.grid), AHEAD))
     with threads, TraceWriter(path, meta, domains=use_domains if with_column else None, selected=sigmoid,
                               weights=sigmoid, lookahead=lookahead) as writer:
         for batch in made:
@@ -269,10 +268,10 @@ def synthesize(preset: str, tokens: int, seqs: int = 1, seed: int = 0, domains: 
 def _chunks_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool,
                weights: np.ndarray):
     """Generator 2 (traces/synth_kernel.py): the same model with counter-based random numbers,
-    jitted and parallel over layers: yield (token slice, ranked ids [n, M], their q [n, M], every q [n, E]
-    or None, lse [n] or None)."""
+    jitted and parallel over layers: yield (token slice, ranked ids [n, M], their q [n, M], their logits
+    [n, M], every q [n, E] or None, lse [n] or None)."""
     return _unpacked(_sorted(_keys_v2(base, seq, pos, dom, kn, seed, M, full=full, lse=lse, weights=weights,
-                                      buffers=1)), M)
+                                      buffers=1)), M, kn.grid)
 
 
 def _keys_v2(base, seq, pos, dom, kn: RoutingKnobs, seed: int, M: int, *, full: bool, lse: bool,
@@ -327,12 +326,13 @@ def _sorted(keyed):
         yield item
 
 
-def _unpacked(keyed, M: int):
-    """_sorted chunks with the candidate keys unpacked into ranked ids [n, M] int16 and their q [n, M]."""
+def _unpacked(keyed, M: int, grid: float):
+    """_sorted chunks with the candidate keys unpacked into ranked ids [n, M] int16, their q [n, M] and
+    their logits q * grid [n, M] float32."""
     from moesim.traces.synth_unpack import unpack
     for rows, keys, q_full, lse in keyed:
-        ids, top_q = unpack(keys, M)
-        yield rows, ids, top_q, q_full, lse
+        ids, top_q, logits = unpack(keys, M, float(grid))
+        yield rows, ids, top_q, logits, q_full, lse
 
 
 def lookahead_ids(ids: np.ndarray, top_q: np.ndarray, k: int, L: int, t0: int, key, noise: float,

@@ -219,10 +219,6 @@ class TraceWriter:
         if ids.ndim != 2 or ids.shape != (n, M) or (ids.size and ids.dtype.kind not in "iu"):
             raise MoesimError(f"ranked_ids must be integer expert ids, M={M} per row, got an array of shape "
                               f"{ids.shape}")
-        bad = rk.first_bad_row(ids, E)
-        if bad < n:
-            raise MoesimError(f"ranked_ids repeats an expert within a row or holds one outside 0..{E - 1} "
-                              f"(row {self.rows_written + self._buffered + bad})")
         with np.errstate(invalid="ignore", over="ignore"):
             x = np.asarray(ranked_logits)
             x = x if x.dtype == np.float32 else np.asarray(x, dtype=np.float64).astype(np.float32)
@@ -230,15 +226,17 @@ class TraceWriter:
             raise MoesimError(f"ranked_logits must be M={M} numbers per row, got an array of shape {x.shape}")
         if not np.isfinite(x).all():
             raise MoesimError("ranked_logits holds NaN or infinite values (or values beyond float32)")
+        score = x  # the logit as stored (float32), or for sigmoid gating sigmoid + bias of it
         if meta.gating == "sigmoid":
-            bias = self._bias[ordinals[:, None], ids] if self._bias is not None else None
+            bias = self._bias[ordinals[:, None], np.clip(ids, 0, E - 1)] if self._bias is not None else None
             score = gating.selection_scores(x, meta.gating, bias)
-        else:
-            score = x  # the logit, float32 as stored
-        bad = gating.first_unranked_row(ids, score, meta.tie_order != "stored")
-        if bad < n:
+        bad_id, bad_order = rk.check_rows(ids, score, E, meta.tie_order != "stored")
+        if bad_id < n:
+            raise MoesimError(f"ranked_ids repeats an expert within a row or holds one outside 0..{E - 1} "
+                              f"(row {self.rows_written + self._buffered + bad_id})")
+        if bad_order < n:
             raise MoesimError(f"ranked_logits are not in rank order (best selection score first, equal scores "
-                              f"lower id first) at row {self.rows_written + self._buffered + bad}")
+                              f"lower id first) at row {self.rows_written + self._buffered + bad_order}")
         width = rk.code_width(E)
         return rk.binary_column(rk.id_bytes(ids, width)), rk.binary_column(rk.logit_bytes(x))
 

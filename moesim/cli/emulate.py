@@ -24,6 +24,17 @@ FLUSH_SECONDS = 30.0
               help="Cache size as a fraction of each layer's experts (floor(F·E) slots per layer); with --grid, "
                    "repeat for several.")
 @click.option("--slots", "-s", multiple=True, metavar="N", help="Cache slots per layer; with --grid, repeat.")
+@click.option("--reroute", default=None, metavar="bias:λ|keep:J",
+              help="Reroute each step toward resident experts before the cache is asked, inside every MoE layer "
+                   "(docs/replay-semantics.md, 'Rerouting'): bias:λ adds λ x the step's logit range to each resident "
+                   "candidate's score; keep:J keeps the router's first J and fills the rest from resident candidates.")
+@click.option("--reroute-pool", type=int, default=None, metavar="M",
+              help="With --reroute: candidates considered (default: every candidate the routing keeps, --candidates).")
+@click.option("--reroute-resident", default="cache", show_default=True, metavar="cache|recent:W",
+              help="With --reroute: what counts as resident: in the layer's cache, or requested in the last W tokens.")
+@click.option("--reroute-weights", type=click.Choice(["original", "biased"]), default="original", show_default=True,
+              help="With --reroute: the rerouted experts' gate weights (the emulator runs original: the router's "
+                   "unbiased scores renormalized over the new set).")
 @click.option("--warm", is_flag=True, help="Start with the most requested experts resident (default: cold).")
 @click.option("--warmup-tokens", type=int, default=0, show_default=True,
               help="Replay but do not count the first W tokens in the counters (perplexity counts every token).")
@@ -49,8 +60,9 @@ FLUSH_SECONDS = 30.0
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="One policy: write the routing the emulator saw (closed loop) as a trace. With --grid: the "
                    "quality results Parquet (rows already in it are kept and not recomputed).")
-def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, warm, warmup_tokens, reset_per_sequence,
-            grid, device, dtype, max_tokens, window, candidates, dense, drop, model_id, fmt, out):
+def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, reroute, reroute_pool, reroute_resident,
+            reroute_weights, warm, warmup_tokens, reset_per_sequence, grid, device, dtype, max_tokens, window,
+            candidates, dense, drop, model_id, fmt, out):
     """Run MODEL_DIR (a local transformers checkpoint) teacher-forced over the --text files with the
     cache policy applied inside every MoE layer, and measure the perplexity it costs: ppl against the
     unmodified model on the same tokens (dppl %), the replay's counters for the routing the model
@@ -72,9 +84,14 @@ def command(model_dir, texts, domains, eviction, miss, admit, budget, slots, war
         if len(budgets) + len(slot_list) != 1:
             raise MoesimError("give one cache size: --budget F or --slots N (several only with --grid)")
         configs = [SimConfig(eviction=eviction, miss=miss, admit=admit, warm=warm, warmup_tokens=warmup_tokens,
-                             reset_per_sequence=reset_per_sequence,
+                             reset_per_sequence=reset_per_sequence, reroute=reroute, reroute_pool=reroute_pool,
+                             reroute_resident=reroute_resident, reroute_weights=reroute_weights,
                              **({"budget": budgets[0]} if budgets else {"slots": slot_list[0]}))]
     else:
+        if reroute is not None or reroute_pool is not None or reroute_resident != "cache" \
+                or reroute_weights != "original":
+            raise MoesimError("--reroute and its options qualify one policy: emulate it without --grid (a grid's "
+                              "rerouting comes from its configs)")
         if out and not out.endswith(".parquet"):
             raise MoesimError(f"{out}: quality results are written as .parquet")
         configs = configs_from_grid(grid, budgets, slot_list, warm=warm, warmup_tokens=warmup_tokens,
@@ -220,13 +237,15 @@ def _print_grid(df, em, fmt):
     s = em.setup
     echo(f"{s.model_id}: {s.scored_tokens:,} scored tokens in {s.windows} window(s) of <= {s.window}, "
                f"{s.dtype} on {s.device}; baseline ppl {df['ppl_baseline'][0]:.4f}")
-    click.echo(f"{'policy':<40} {'size':>10} {'ppl':>10} {'dppl %':>8} {'mass/step':>10} {'open m/step':>11} "
-               f"{'hit %':>6}  class")
+    click.echo(f"{'policy':<40} {'size':>10} {'ppl':>10} {'dppl %':>8} {'KL':>8} {'top-1 %':>7} {'mass/step':>10} "
+               f"{'open m/step':>11} {'hit %':>6}  class")
     for r in df.sort(["budget", "slots", "dppl_pct"], nulls_last=True).to_dicts():
         size = f"b {r['budget']:g}" if r["budget"] is not None else f"{r['slots']} slots"
         cls = "fetches 1st" if r["fetches_first"] else "substitutes 1st"
-        echo(f"{r['policy']:<40} {size:>10} {r['ppl']:10.4f} {r['dppl_pct']:+8.3f} {r['mass_per_step']:10.4f} "
-                   f"{r['open_mass_per_step']:11.4f} {100 * r['hit_rate']:6.1f}  {cls}")
+        kl = "-" if r.get("kl") is None else f"{r['kl']:.5f}"
+        top1 = "-" if r.get("top1_agreement") is None else f"{100 * r['top1_agreement']:.2f}"
+        echo(f"{r['policy']:<40} {size:>10} {r['ppl']:10.4f} {r['dppl_pct']:+8.3f} {kl:>8} {top1:>7} "
+             f"{r['mass_per_step']:10.4f} {r['open_mass_per_step']:11.4f} {100 * r['hit_rate']:6.1f}  {cls}")
 
 
 def render(doc: dict) -> list[str]:
@@ -236,10 +255,14 @@ def render(doc: dict) -> list[str]:
         f"{s['window']}, {s['dtype']} on {s['device']}",
         f"policy      {doc['config']['label']}  (drop: {s['drop']})",
         f"perplexity  {doc['ppl']:.4f} vs {doc['ppl_baseline']:.4f} unmodified: {doc['dppl_pct']:+.3f}%",
+        f"divergence  KL {doc['kl']:.5f} nats per token from the unmodified model's next-token distribution, "
+        f"top-1 agreement {100 * doc['top1_agreement']:.2f}%",
         f"closed loop hit rate {100 * t['hit_rate']:.2f}%, substituted {100 * t['substitution_rate']:.2f}% "
         f"({t['substitutions']:,}), dropped {t['drops']:,}, first choices {t['first_choice_substitutions']:,}, "
         f"mass per step {t['mass_per_step']:.4f}" + (f", low-bit {t['lowbit']:,}" if t.get("lowbit") else ""),
         f"open loop   hit rate {100 * o['hit_rate']:.2f}%, substituted {100 * o['substitution_rate']:.2f}%, mass per "
         f"step {o['mass_per_step']:.4f}; {100 * o['routing_drift']:.2f}% of steps routed differently",
         f"emulated    {doc['emulated']} ({doc['seconds']:.2f} s)",
-    ]
+    ] + ([f"rerouted    {t['rerouted']:,} requests, first choice changed at {t['first_choice_changed']:,} steps, "
+          f"displaced mass per step {t['displaced_mass_per_step']:.4f} (open loop "
+          f"{o['totals']['displaced_mass_per_step']:.4f})"] if doc["config"].get("reroute") else [])

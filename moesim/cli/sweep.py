@@ -117,6 +117,9 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
                    "policies that always fetch the first choice an estimate from the model's mass fit (marked ~).")
 @click.option("--max-dppl", type=FINITE, default=None, metavar="X",
               help="With --quality: rank only the configs whose dppl % (measured or estimated) is at most X.")
+@click.option("--max-kl", type=FiniteRange(min=0.0), default=None, metavar="X",
+              help="With --quality: rank only the emulated configs whose mean next-token KL divergence from the "
+                   "unmodified model (nats per token) is at most X.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Also write the HTML report, charts and paper tables of the first trace to this directory "
                    "(as moesim report does).")
@@ -145,7 +148,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
             reset_per_sequence, admission, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine,
             speculative, accept, context, config,
             output, fmt, jobs, executor, top, baseline, rank_by, max_mass, wide, flush_every, quality, max_dppl,
-            report_dir, reroute, reroute_pool, reroute_resident, reroute_weights, prefetch, prefetch_depth,
+            max_kl, report_dir, reroute, reroute_pool, reroute_resident, reroute_weights, prefetch, prefetch_depth,
             prefetch_train, overlap, ci, ci_resamples, ci_unit, ci_method, stream):
     """Replay TRACE(s) through a grid of cache policies and print them ranked:
     policies that always run the router's first choice first, then by time per
@@ -190,10 +193,11 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
         from moesim.emulator.quality import read_quality
 
         qual = read_quality(quality)
-    elif max_dppl is not None:
+    elif max_dppl is not None or max_kl is not None:
         from moesim.errors import MoesimError
 
-        raise MoesimError("--max-dppl needs --quality (measured perplexity from moesim emulate)")
+        flag = "--max-dppl" if max_dppl is not None else "--max-kl"
+        raise MoesimError(f"{flag} needs --quality (measured quality from moesim emulate)")
     grid = grid_from_options(config, budgets=given(budget), slots=given(slots), evictions=given(eviction),
                              misses=given(miss), thetas=given(theta), admits=given(admit),
                              allocations=given(allocation), batches=given(batch), warm=warm,
@@ -212,8 +216,8 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
         from moesim.sweeps.quality import attach_quality, within
 
         df = attach_quality(df, qual, source=quality)
-        if max_dppl is not None:
-            df = within(df, max_dppl, baseline=grid.baseline, rank_by=rank_by)
+        if max_dppl is not None or max_kl is not None:
+            df = within(df, max_dppl, max_kl, baseline=grid.baseline, rank_by=rank_by)
     synthetic = bool(df["synthetic"].any()) if df.height else False
 
     def distinct(col):
