@@ -63,6 +63,8 @@ def policy_label(config: SimConfig) -> str:
     if config.miss == "cpu" and never_cached(config):
         return "no cache / cpu"  # every expert on the CPU: the eviction policy never acts
     parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
+    if config.admission != "always":
+        parts.append(config.admission)
     if config.prefetch != "none":
         parts.append(config.prefetch_label())
     if config.reroute is not None:
@@ -131,7 +133,8 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
         "group_key": group_key(entry.digest, machine_key(cost), cfg),
         "trace": entry.name, "model_id": entry.meta.model_id, "synthetic": bool(entry.meta.synthetic),
         "label": cfg.label(), "policy": policy_label(cfg), "preset": preset_names(cfg),
-        "eviction": cfg.eviction, "miss": cfg.miss, "admit": cfg.admit, "budget": cfg.budget, "slots": cfg.slots,
+        "eviction": cfg.eviction, "miss": cfg.miss, "admit": cfg.admit, "admission": cfg.admission,
+        "budget": cfg.budget, "slots": cfg.slots,
         "slots_per_layer": payload["slots_per_layer"], "allocation": cfg.allocation, "warm": cfg.warm,
         "warmup_tokens": cfg.warmup_tokens, "reset_per_sequence": cfg.reset_per_sequence, "batch": cfg.batch,
         "prefetch": cfg.prefetch, "prefetch_depth": cfg.prefetch_depth,

@@ -21,7 +21,9 @@ WINDOWS = [("second-touch", np.inf), ("second-touch:3", 3), ("second-touch:12", 
 
 
 def _window(spec):
-    return dict(WINDOWS)[spec]
+    """The reference's window: 'second-touch' -> inf, 'second-touch:W' -> W."""
+    _, _, w = spec.partition(":")
+    return float(w) if w else np.inf
 
 
 def _cost_dict(cost, L):
@@ -90,6 +92,35 @@ def test_kernel_matches_reference_with_the_clock(eviction):
                                        ram_cap=ram_cap, ram_warm=list(reversed(popular[:ram_cap or 0])),
                                        max_uploads=max_up, step_pin=pin)
                 _check(routing, config, ref, cost=dataclasses.replace(cost))
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu", "arc", "slru", "lirs", "mq", "lfuda"])
+def test_streamed_equals_in_memory(eviction):
+    """The pools' request counts and each expert's last request carry across chunks (per layer, global, clocked,
+    reset per sequence, a warm start, --step-pin and --max-uploads)."""
+    from test_replay_stream import assert_same
+
+    from moesim.simulator.config import STEP_PIN_REFUSED
+    from moesim.traces.stream import DecodedStore
+
+    with seeded_rng("admission-stream", eviction) as rng:
+        sel, w, cand, seq = random_routing_arrays(rng, 45, 3, 10, 3, 7, 8)
+        routing = make_routing(sel, w, cand, seq, 10)
+        cost = fake_cost(3, 10, rng, 12, engine_costs=True)
+        pin = eviction not in STEP_PIN_REFUSED
+        configs = [SimConfig(eviction=eviction, slots=3, admission="second-touch:7"),
+                   SimConfig(eviction=eviction, slots=2, allocation="global", admission="second-touch", warm=True,
+                             warmup_tokens=4),
+                   SimConfig(eviction=eviction, miss="threshold:0.3", admit=0.4, slots=3, admission="second-touch:4",
+                             reset_per_sequence=True),
+                   SimConfig(eviction=eviction, slots=3, admission="second-touch:9", step_pin=pin, max_uploads=1)]
+        with DecodedStore.from_routing(routing) as store:
+            for config in configs:
+                for c in (None, cost):
+                    want = simulate(routing, config, cost=c)
+                    for chunk in (1, 4, 7):
+                        got = simulate(store, config, cost=c, chunk_tokens=chunk)
+                        assert_same(want, got, f"{config.label()} priced={c is not None} chunk={chunk}")
 
 
 def test_second_touch_refuses_one_time_experts():
