@@ -19,7 +19,7 @@ from moesim.policies.params import Param
 NAME = "repin"
 DOC = ("re-pinned hot set: every N tokens, swap the coldest pinned expert for the hottest unpinned one while "
        "the trailing N tokens' requests gain >= G (default 1); uploads priced")
-PARAM = Param("every_tokens", "N", "repin:N[,G]: a positive whole number of tokens N and a gain G >= 0 requests",
+PARAM = Param("every_tokens", "N", "a positive whole number of tokens N and a gain G >= 0 requests",
               integer=True, default=0.0,
               extra=(Param("gain", "G", "a gain G >= 0 requests", default=1.0, zero=True),))
 PARAM_REQUIRED = True
@@ -52,13 +52,14 @@ def swaps(window: np.ndarray, pinned: set, cap: int, gain: float) -> tuple[list[
                 break
             held.pop(0)
             outs.append(cold)
+            held.append(hot)
         ins.append(hot)
         fi += 1
         held.sort(key=lambda o: (window[o], -o))
     return outs, ins
 
 
-def schedule(source, values, slots: int, allocation: str, hold: int):
+def schedule(source, values, slots: int, allocation: str):
     """The initial pinned objects and the pin events [(token, object, -1 out | +1 in)] of a replay of ``source``
     (a Routing), outs before ins at each token, each by object id."""
     every, gain = int(values[0]), float(values[1])

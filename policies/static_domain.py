@@ -3,7 +3,7 @@ serves (code, chat, a language) pins that domain's hot experts and switches tabl
 
 Each domain's table is its most requested experts, as ``static`` chooses them (the top slots of each layer, or
 of the whole pool with ``--allocation global``), over its tokens in the learning range: the whole trace, the
-first W tokens with ``static-domain:W``, or the holdout prefix with ``--holdout`` (the sweep's default); a domain
+first W tokens with ``static-domain:W`` (a sweep's holdout: sweeps/holdout.py); a domain
 without tokens there has an empty table. The table of the first token with a domain is resident from the start;
 at each token whose domain differs from the current one (tokens without a domain keep it) the experts of the old
 table not in the new one are evicted and the new table's others uploaded at the start of the token, copies the
@@ -26,7 +26,7 @@ def pinned(counts: np.ndarray, slots: int, allocation: str) -> np.ndarray:
     return np.zeros(0, np.int64)
 
 
-def schedule(source, values, slots: int, allocation: str, hold: int):
+def schedule(source, values, slots: int, allocation: str):
     """The initial pinned objects and the pin events [(token, object, -1 | +1)] at the domain switches."""
     domain = np.asarray(source.domain)
     if not len(domain) or (domain < 0).all():
@@ -35,7 +35,7 @@ def schedule(source, values, slots: int, allocation: str, hold: int):
     sel = np.asarray(source.sel)
     T, L, _ = sel.shape
     E = source.n_experts
-    learn = int(values[0]) if values is not None else (hold or T)
+    learn = int(values[0]) if values is not None else T
     tables: dict[int, set] = {}
     for d in np.unique(domain[domain >= 0]).tolist():
         rows = np.nonzero(domain[:learn] == d)[0]

@@ -210,9 +210,7 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     w = np.ascontiguousarray(run.w, dtype=np.float32)
     wm = w if wm is None else wm
     T, _, k = sel.shape
-    # --holdout F: the first floor(F x T) tokens are replayed but not counted (static placements learn from them)
-    skip = max(config.warmup_tokens, config.holdout_tokens(routing.n_tokens))
-    warmup = skip if members is None else int((members.max(axis=1) < skip).sum())
+    warmup = config.warmup_tokens if members is None else int((members.max(axis=1) < config.warmup_tokens).sum())
     next_req, first_req = run.next_requests()
     look = np.zeros((0, 0, 0), np.int16)
     if config.prefetch == "lookahead":
@@ -264,19 +262,15 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     param = config.eviction_param
     pinned = np.zeros(L * E, np.bool_)
     warm_objs = np.zeros(0, np.int64)
-    hold = config.holdout_tokens(source.n_tokens)
-    if config.batch == 1:  # (a batch's warmup counts its steps: build() folds the holdout in)
-        warmup = max(warmup, hold)
     pin_events = np.zeros((0, 3), np.int64)
     if ev.schedules:  # repin, static-domain: the pinned set changes along the tokens (policies/repin.py)
         if not isinstance(source, Routing):
-            raise MoesimError(f"{ev.name} replays a trace in memory (it reads the whole routing ahead): use --no-stream")
-        first, pin_events = ev.module.schedule(source, config.eviction_values, full_slots, config.allocation, hold)
+            raise MoesimError(f"{ev.name} replays a trace in memory (it reads the whole routing ahead): "
+                              "use --no-stream")
+        first, pin_events = ev.module.schedule(source, config.eviction_values, full_slots, config.allocation)
         pinned[first] = True
     elif ev.pinned:
-        # static:W learns from the first W tokens; with a holdout (--holdout, the sweep's default), from the holdout
-        prefix = int(param) if param is not None else (hold or None)
-        prefix_counts = counts_all if prefix is None else source.request_counts(prefix)
+        prefix_counts = counts_all if param is None else source.request_counts(int(param))  # static:W: first W tokens
         pinned[ev.module.pinned(prefix_counts, full_slots, config.allocation)] = True
     elif config.warm:
         # least popular first, so the most popular experts are the most recently inserted

@@ -26,7 +26,7 @@ STEP_PIN_REFUSED = tuple(e.name for e in registry.EVICTIONS if e.pin_mode == reg
 _LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": None, "overlap": None,
                    "step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None,
                    "speculative": 0, "accept": None, "reroute": None, "reroute_pool": None,
-                   "reroute_resident": "cache", "reroute_weights": "original", "admission": "always", "holdout": 0.0}
+                   "reroute_resident": "cache", "reroute_weights": "original", "admission": "always"}
 # --admission second-touch without a window: every earlier request of the pool counts (what libCacheSim's
 # Bloom-filter admissioner does); the kernels' window (Policy.admit_window) is then this many requests
 UNBOUNDED_WINDOW = 2**62
@@ -89,7 +89,6 @@ class SimConfig:
     reroute_resident: str = "cache"  # what counts as resident: cache | recent:W
     reroute_weights: str = "original"  # the rerouted set's gate weights: original (unbiased) | biased
     admission: str = "always"  # always | second-touch[:W]: which fetched experts are admitted (parse_admission)
-    holdout: float = 0.0  # the first fraction F of the tokens replayed, not counted; static placements learn from it
 
     def __post_init__(self):
         ev, ev_arg = parse_eviction(self.eviction)
@@ -151,10 +150,6 @@ class SimConfig:
             if int(self.slots) != self.slots or self.slots < 1:
                 raise MoesimError(f"slots must be a positive whole number, got {self.slots!r}")
             object.__setattr__(self, "slots", int(self.slots))
-        h = float(self.holdout)
-        if not (math.isfinite(h) and 0.0 <= h < 1.0):
-            raise MoesimError(f"holdout must be a fraction in [0, 1), got {self.holdout!r}")
-        object.__setattr__(self, "holdout", h)
         w = parse_admission(self.admission)
         # canonical: a pinned placement admits nothing whatever the rule, so it replays as "always"
         object.__setattr__(self, "admission", "always" if w == 0 or registry.get(ev).pinned else (
@@ -239,10 +234,6 @@ class SimConfig:
         """All of the eviction's values (repin:N,G -> (N, G)); None without a parameter."""
         return registry.eviction_values(self.eviction)
 
-    def holdout_tokens(self, n_tokens: int) -> int:
-        """The tokens of the holdout prefix of an n-token trace: floor(holdout x n) (0 without one)."""
-        return int(math.floor(self.holdout * n_tokens + 1e-9)) if self.holdout else 0
-
     @property
     def admit_window(self) -> int:
         """The kernels' second-touch window in requests of the pool (0: every fetched expert is admitted)."""
@@ -315,8 +306,6 @@ class SimConfig:
             parts.append(f"admit {self.admit:g}")
         if self.admission != "always":
             parts.append(self.admission)
-        if self.holdout:
-            parts.append(f"holdout {self.holdout:g}")
         parts.append(f"{self.budget:g} budget" if self.budget is not None else f"{self.slots} slots")
         if self.allocation != "per-layer":
             parts.append(self.allocation)

@@ -63,11 +63,11 @@ from moesim.simulator.miss_paths import (
     sync_fetch,
     tier_run,
 )
+from moesim.simulator.pin_events import apply as apply_pins
+from moesim.simulator.pin_events import first_event
 from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE
 from moesim.simulator.prefetch_state import reset as pf_reset
 from moesim.simulator.reroute import NEVER_USED
-from moesim.simulator.pin_events import apply as apply_pins
-from moesim.simulator.pin_events import first_event
 from moesim.simulator.reset import clocked, first_ticks, reset_state
 
 # Bound per specialization (simulator/kernels.py): the inlinable hooks, of a custom policy or of every structure

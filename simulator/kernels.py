@@ -53,7 +53,8 @@ def _policy_of(hook_set: str) -> registry.Eviction:
     """A policy of the hook set (the first structure kind for the generic one): its arguments type the kernel."""
     if hook_set == registry.GENERIC:
         return next(e for e in registry.EVICTIONS if e.ext_hook_set == registry.GENERIC)
-    return next(e for e in registry.EVICTIONS if e.hook_set == hook_set)
+    # (a re-pinning placement's schedule needs its parameter or a trace with domains: a fixed one types the kernel)
+    return next(e for e in registry.EVICTIONS if e.hook_set == hook_set and not e.schedules)
 
 
 @functools.cache
