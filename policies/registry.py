@@ -139,6 +139,12 @@ class Eviction:
         return bool(getattr(self.module, "PARAM_REQUIRED", False))
 
     @property
+    def learns(self) -> bool:
+        """A placement learned from the trace's request counts (a module's LEARNS: static, static-domain): a sweep
+        learns it from a holdout prefix it does not count (sweeps/holdout.py) unless given its own prefix."""
+        return bool(getattr(self.module, "LEARNS", False))
+
+    @property
     def schedules(self) -> bool:
         """A pinned placement whose pinned set changes during the replay (a module's ``schedule``: repin,
         static-domain): simulator/args.py turns it into the kernels' pin events."""

@@ -19,6 +19,7 @@ NAME = "static-domain"
 DOC = ("one pinned table per domain of the trace (its most requested experts; static-domain:W: from the first W "
        "tokens), switched when the domain changes; the switch's uploads priced")
 PARAM = Param("prefix_tokens", "W", "a positive whole number of tokens", integer=True)
+LEARNS = True  # from the trace's counts: a sweep learns it from a holdout prefix (sweeps/holdout.py)
 
 
 def pinned(counts: np.ndarray, slots: int, allocation: str) -> np.ndarray:

@@ -33,6 +33,7 @@ class Task:
     cost: int       # index into the sweep's costs
     config: SimConfig
     replay_key: str = ""  # tasks whose configs replay identically share one replay (grid.replay_twin)
+    holdout: int = 0  # the sweep's holdout prefix (sweeps/holdout.py) in this trace's tokens, folded into config
 
 
 def replay_payload(routing, config: SimConfig, cost, ci: CI | None = None) -> dict:

@@ -68,7 +68,7 @@ _AXIS_KEYS = {
     "reroute": "reroutes", "reroutes": "reroutes",
 }
 _SCALAR_KEYS = ("model", "engine", "baseline", "admission", "warm", "warmup_tokens", "reset_per_sequence",
-                "prefetch_depth",
+                "prefetch_depth", "holdout",
                 "reroute_pool", "reroute_resident", "reroute_weights",
                 "overlap", "step_pin", "max_uploads", "lowbit_share", "lowbit_quant", "context", "speculative",
                 "accept")
@@ -121,6 +121,9 @@ class Grid:
     reroute_weights: str = "original"
     scored: bool = True  # the traces keep candidate scores (the default grid's reroute rows need them)
     admission: str = "always"  # which fetched experts every row but the baseline admits (SimConfig.admission)
+    # the fraction of each trace's tokens learned placements learn from, not counted (sweeps/holdout.py; None: its
+    # default when the grid has one)
+    holdout: float | None = None
 
     def override(self, **axes) -> Grid:
         """Command-line flags replace whole axes (None or an empty tuple: keep the file's)."""
@@ -287,6 +290,14 @@ def expand(config_axes: Grid) -> list[Planned]:
 # ---------------------------------------------------------------------------------------------- parsing
 
 
+def check_holdout(value, where: str = "--holdout") -> float:
+    """A holdout fraction: 0 (learn in sample) up to, not including, 1."""
+    h = float(value)
+    if not (math.isfinite(h) and 0.0 <= h < 1.0):
+        raise MoesimError(f"{where}: holdout must be a fraction in [0, 1), got {value!r}")
+    return h
+
+
 def frange(start: float, stop: float, step: float) -> list[float]:
     """start, start+step, ... up to stop inclusive (within float noise), rounded to 10 digits."""
     if not all(math.isfinite(x) for x in (start, stop, step)) or step <= 0 or stop < start:
@@ -409,6 +420,8 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
         elif key == "prefetch_depth":
             changes[key] = _number(value, key, integer=True)
+        elif key == "holdout":
+            changes[key] = check_holdout(_number(value, key, integer=False), path)
         elif key in ("model", "engine", "baseline", "overlap", "lowbit_quant", "admission"):
             if not isinstance(value, str):
                 raise MoesimError(f"{path}: {key} must be a string")
@@ -444,7 +457,7 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                       presets=True, baseline=None, prefetches=None, prefetch_depth=None, prefetch_train=None,
                       overlap=None, step_pin=None, max_uploads=None, lowbit_share=None, lowbit_quant=None,
                       context=None, speculative=None, accept=None, reroutes=None, reroute_pool=None,
-                      reroute_resident=None, reroute_weights=None, admission=None) -> Grid:
+                      reroute_resident=None, reroute_weights=None, admission=None, holdout=None) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -475,4 +488,4 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          lowbit_share=lowbit_share, lowbit_quant=lowbit_quant, context=context,
                          speculative=speculative, accept=accept, reroutes=ax("reroutes", reroutes),
                          reroute_pool=reroute_pool, reroute_resident=reroute_resident, reroute_weights=reroute_weights,
-                         admission=admission)
+                         admission=admission, holdout=None if holdout is None else check_holdout(holdout))

@@ -27,6 +27,7 @@ from moesim.errors import MoesimError
 from moesim.simulator.bootstrap import CI
 from moesim.simulator.config import SimConfig
 from moesim.simulator.rotation import method_for
+from moesim.sweeps import holdout
 from moesim.sweeps.executors import EXECUTORS, Task, execute
 from moesim.sweeps.grid import PRESET_ENGINES, PRESETS, Grid, expand, never_cached, replay_twin
 from moesim.sweeps.inputs import TraceEntry, load_traces
@@ -136,7 +137,8 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
         "eviction": cfg.eviction, "miss": cfg.miss, "admit": cfg.admit, "admission": cfg.admission,
         "budget": cfg.budget, "slots": cfg.slots,
         "slots_per_layer": payload["slots_per_layer"], "allocation": cfg.allocation, "warm": cfg.warm,
-        "warmup_tokens": cfg.warmup_tokens, "reset_per_sequence": cfg.reset_per_sequence, "batch": cfg.batch,
+        "warmup_tokens": cfg.warmup_tokens, "holdout_tokens": task.holdout,
+        "reset_per_sequence": cfg.reset_per_sequence, "batch": cfg.batch,
         "prefetch": cfg.prefetch, "prefetch_depth": cfg.prefetch_depth,
         "overlap": cfg.overlap or (cost.overlap if cost is not None else "none"),
         "step_pin": cfg.step_pin, "max_uploads": cfg.max_uploads, "lowbit_share": cfg.lowbit_share,
@@ -225,6 +227,7 @@ def plan(entries: list[TraceEntry], grid: Grid):
     grid replays there (costmodel/pricing.py): one model file per machine, whatever the cache size. The default
     grid's rerouting rows are left out unless every trace keeps candidate scores."""
     planned = expand(dataclasses.replace(grid, scored=all(e.meta.has_scores for e in entries)))
+    held_out = holdout.fraction(grid.holdout, [p.config for p in planned])
     E = {ti: e.meta.n_experts for ti, e in enumerate(entries)}
     largest: dict[tuple, int] = {}
     for ti, entry in enumerate(entries):
@@ -237,7 +240,9 @@ def plan(entries: list[TraceEntry], grid: Grid):
     cost_index: dict[tuple, int] = {}
     tasks: dict[str, Task] = {}
     for ti, entry in enumerate(entries):
+        held = holdout.tokens(held_out, entry.n_tokens) if held_out else 0
         for p in planned:
+            config = holdout.apply(p.config, held)
             engine = PRESET_ENGINES.get(preset_names(p.config), grid.engine)
             batch = p.config.batch if grid.context else 1  # the batch sizes the KV cache only
             pair = (ti, p.hw, p.quant, engine, batch)
@@ -251,9 +256,9 @@ def plan(entries: list[TraceEntry], grid: Grid):
                     notes.append(note)
             ci = cost_index[pair]
             ck = cost_key(costs[ci])
-            key = f"{entry.digest}:{p.config.key()}:{ck}"
-            twin = replay_twin(p.config)
-            tasks.setdefault(key, Task(key, ti, ci, p.config, f"{entry.digest}:{twin.key()}:{ck}"))
+            key = f"{entry.digest}:{config.key()}:{ck}"
+            twin = replay_twin(config)
+            tasks.setdefault(key, Task(key, ti, ci, config, f"{entry.digest}:{twin.key()}:{ck}", held))
     return list(tasks.values()), costs, cost_info, notes
 
 
