@@ -27,8 +27,8 @@ def pinned(counts: np.ndarray, slots: int, allocation: str) -> np.ndarray:
     return np.zeros(0, np.int64)
 
 
-def schedule(source, values, slots: int, allocation: str):
-    """The initial pinned objects and the pin events [(token, object, -1 | +1)] at the domain switches."""
+def tables(source, values, slots: int, allocation: str) -> dict[int, set]:
+    """Each domain code's table: the objects (layer x E + expert) it pins."""
     domain = np.asarray(source.domain)
     if not len(domain) or (domain < 0).all():
         raise MoesimError("static-domain needs a trace with domains (the domain column; moesim import ... "
@@ -37,7 +37,7 @@ def schedule(source, values, slots: int, allocation: str):
     T, L, _ = sel.shape
     E = source.n_experts
     learn = int(values[0]) if values is not None else T
-    tables: dict[int, set] = {}
+    out: dict[int, set] = {}
     for d in np.unique(domain[domain >= 0]).tolist():
         rows = np.nonzero(domain[:learn] == d)[0]
         counts = np.zeros((L, E), np.int64)
@@ -45,17 +45,24 @@ def schedule(source, values, slots: int, allocation: str):
         for l in range(L):
             x = part[:, l, :].reshape(-1)
             counts[l] = np.bincount(x[x >= 0].astype(np.int64), minlength=E)
-        tables[d] = set(most_requested(counts, slots, allocation).tolist()) if len(rows) else set()
+        out[int(d)] = set(most_requested(counts, slots, allocation).tolist()) if len(rows) else set()
+    return out
+
+
+def schedule(source, values, slots: int, allocation: str):
+    """The initial pinned objects and the pin events [(token, object, -1 | +1)] at the domain switches."""
+    table = tables(source, values, slots, allocation)
+    domain = np.asarray(source.domain)
     first = int(np.nonzero(domain >= 0)[0][0])
     cur_d = int(domain[first])
-    cur = tables[cur_d]
+    cur = table[cur_d]
     events: list[tuple[int, int, int]] = []
-    for t in range(first + 1, T):
+    for t in range(first + 1, len(domain)):
         d = int(domain[t])
         if d < 0 or d == cur_d:
             continue
-        new = tables[d]
+        new = table[d]
         events += [(t, o, -1) for o in sorted(cur - new)] + [(t, o, 1) for o in sorted(new - cur)]
         cur, cur_d = new, d
     ev = np.array(events, np.int64).reshape(-1, 3)
-    return np.array(sorted(tables[int(domain[first])]), np.int64), ev
+    return np.array(sorted(table[int(domain[first])]), np.int64), ev
