@@ -14,6 +14,7 @@ from moesim.policies import miss as miss_mod
 from moesim.policies import prefetch as prefetch_mod
 from moesim.policies import registry
 from moesim.policies import reroute as reroute_mod
+from moesim.policies.admission import UNBOUNDED_WINDOW, parse_admission
 from moesim.policies.miss import parse_miss
 from moesim.policies.registry import parse_eviction
 
@@ -27,32 +28,6 @@ _LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": No
                    "step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None,
                    "speculative": 0, "accept": None, "reroute": None, "reroute_pool": None,
                    "reroute_resident": "cache", "reroute_weights": "original", "admission": "always"}
-# --admission second-touch without a window: every earlier request of the pool counts (what libCacheSim's
-# Bloom-filter admissioner does); the kernels' window (Policy.admit_window) is then this many requests
-UNBOUNDED_WINDOW = 2**62
-
-
-def parse_admission(spec: str) -> int:
-    """'always' -> 0; 'second-touch' -> UNBOUNDED_WINDOW; 'second-touch:W' -> W (a positive whole number of requests
-    of the expert's pool): the window of requests an expert fetched for a use must have been requested in to be
-    admitted (docs/replay-semantics.md, "Admission")."""
-    name, sep, arg = str(spec).strip().partition(":")
-    if name == "always" and not sep:
-        return 0
-    if name != "second-touch":
-        raise MoesimError(f"unknown admission {spec!r} (known: always, second-touch[:W])")
-    if not sep:
-        return UNBOUNDED_WINDOW
-    try:
-        w = float(arg)
-    except ValueError:
-        w = math.nan
-    if not math.isfinite(w) or w < 1 or w != int(w):
-        raise MoesimError(f"bad window in {spec!r}: expected second-touch:W with W a positive whole number of "
-                          "requests")
-    return int(w)
-
-
 def slots_for_budget(budget: float, n_experts: int) -> int:
     """Cache slots per layer for a budget (a fraction of each layer's E experts): floor(budget x E),
     to within float noise."""
