@@ -54,8 +54,9 @@ def cost_key(cost) -> str:
 
 
 def preset_names(config: SimConfig) -> str:
-    """The named presets this config is (its eviction, miss and admission match)."""
+    """The named presets this config is (its eviction, miss and admission match; presets admit every fetch)."""
     names = [n for n, p in PRESETS.items() if config.prefetch == "none" and config.reroute is None
+             and config.admission == "always"
              and (config.eviction, config.miss, config.admit) == (p["eviction"], p["miss"], p["admit"])]
     return ",".join(names)
 

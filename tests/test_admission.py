@@ -216,3 +216,20 @@ def test_bad_admission_is_one_line(shipped_trace, tmp_path, spec, command):
     assert out.exit_code == 2, out.output
     lines = [x for x in out.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("moesim: error: "), out.output
+
+
+def test_sweep_admission_spares_the_baseline(tmp_path):
+    """--admission applies to every row but the baseline, which keeps its speed-up of 1; rows that admit on a
+    second touch are not the (always-admitting) presets."""
+    from sweep_helpers import small_trace
+
+    from moesim import api
+
+    trace = small_trace(tmp_path)
+    rows = api.sweep(trace, budgets=0.25, evictions=["lru", "freq"], misses=["fetch-all", "first-choice"],
+                     admission="second-touch:64")
+    base = rows.filter((rows["eviction"] == "lru") & (rows["miss"] == "fetch-all") & (rows["admission"] == "always"))
+    assert base.height == 1 and base["speedup"][0] == pytest.approx(1.0)
+    touched = rows.filter(rows["admission"] == "second-touch:64")
+    assert touched.height and set(touched["preset"]) == {""}
+    assert all("second-touch:64" in p for p in touched["policy"])
