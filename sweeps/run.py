@@ -24,6 +24,7 @@ from typing import Any
 
 from moesim.costmodel.pricing import price_trace
 from moesim.errors import MoesimError
+from moesim.policies import registry
 from moesim.simulator.bootstrap import CI
 from moesim.simulator.config import SimConfig
 from moesim.simulator.rotation import method_for
@@ -116,6 +117,9 @@ def check_stream(config: SimConfig, entry: TraceEntry, executor: str, ci=None) -
     if ci is not None:
         raise MoesimError(f"{entry.name}: confidence intervals (--ci) need the per-token series of an in-memory "
                           "replay; this trace is streamed (too large to decode whole, or --stream): use --no-stream")
+    if registry.get(config.eviction_name).schedules:
+        raise MoesimError(f"{entry.name}: {config.eviction_name} reads the whole routing ahead and replays in memory "
+                          "only; this trace is streamed (too large to decode whole, or --stream): use --no-stream")
     if config.batch > 1:
         raise MoesimError(f"{entry.name}: --batch replays in memory only; this trace is streamed (too large to "
                           "decode whole, or --stream): use --no-stream, or a shorter trace")

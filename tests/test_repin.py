@@ -170,3 +170,12 @@ def test_static_domain_on_the_shipped_trace(shipped_trace):
     fixed = simulate(routing, eviction="static", budget=0.25)
     assert res.totals()["copies"] > 0 and res.totals()["copies"] == res.totals()["admissions"]
     assert res.totals()["hits"] > fixed.totals()["hits"]  # in sample, per-domain tables beat one table
+
+
+@pytest.mark.parametrize("command", ["simulate", "sweep"])
+def test_a_streamed_replay_is_refused_with_one_line(shipped_trace, command):
+    out = CliRunner().invoke(cli, [command, str(shipped_trace), "--slots", "8", "-e", "repin:64", "-m", "cpu",
+                                   "--stream"])
+    assert out.exit_code == 2, out.output
+    lines = [x for x in out.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("moesim: error: ") and "--no-stream" in lines[0], out.output
