@@ -42,7 +42,9 @@ def attach_quality(rows, quality, source="the quality results"):
     fits: dict = {}
     vals, srcs, shown, kls, top1s = [], [], [], [], []
     for r in rows.iter_rows(named=True):
-        q = measured.get((r["model_id"], r["config_key"]))
+        # the policy as the grid names it: a sweep's holdout (sweeps/holdout.py) changes the replayed config's key
+        # (its warm-up, static's prefix), not the policy whose quality was measured
+        q = measured.get((r["model_id"], r.get("grid_key") or r["config_key"]))
         v = q["dppl_pct"] if q is not None else None
         kls.append(q.get("kl") if q is not None else None)
         top1s.append(q.get("top1_agreement") if q is not None else None)

@@ -135,7 +135,8 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
     t = payload["totals"]
     tm = payload["timing"]
     row = {
-        "row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(), "cost_key": ck,
+        "row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(),
+        "grid_key": task.grid_key or cfg.key(), "cost_key": ck,
         "group_key": group_key(entry.digest, machine_key(cost), cfg),
         "trace": entry.name, "model_id": entry.meta.model_id, "synthetic": bool(entry.meta.synthetic),
         "label": cfg.label(), "policy": policy_label(cfg), "preset": preset_names(cfg),
@@ -263,7 +264,8 @@ def plan(entries: list[TraceEntry], grid: Grid):
             ck = cost_key(costs[ci])
             key = f"{entry.digest}:{config.key()}:{ck}"
             twin = replay_twin(config)
-            tasks.setdefault(key, Task(key, ti, ci, config, f"{entry.digest}:{twin.key()}:{ck}", held))
+            tasks.setdefault(key, Task(key, ti, ci, config, f"{entry.digest}:{twin.key()}:{ck}", held,
+                                       p.config.key()))
     return list(tasks.values()), costs, cost_info, notes
 
 

@@ -11,7 +11,8 @@ INTERVAL_STATISTICS = STATISTICS + ("speedup",)
 
 # One row per (trace, config, cost). Column order is the file's column order.
 ROW_SCHEMA: dict[str, str] = {
-    "row_key": "str", "trace_digest": "str", "config_key": "str", "cost_key": "str", "group_key": "str",
+    "row_key": "str", "trace_digest": "str", "config_key": "str", "grid_key": "str", "cost_key": "str",
+    "group_key": "str",
     "trace": "str", "model_id": "str", "synthetic": "bool",
     "label": "str", "policy": "str", "preset": "str",
     "eviction": "str", "miss": "str", "admit": "f64", "admission": "str", "budget": "f64", "slots": "i64",

@@ -56,3 +56,20 @@ def test_bad_holdout_is_one_line(trace, value):
     assert out.exit_code == 2, out.output
     lines = [x for x in out.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("moesim: error: "), out.output
+
+
+def test_measured_quality_joins_the_rows_of_a_holdout_sweep(trace, tmp_path):
+    """The holdout changes the replayed configs' keys (warm-up, static's prefix), not the policy whose quality
+    was measured: --quality joins on the grid's key."""
+    import json
+
+    from quality_helpers import write_quality
+
+    q = write_quality(tmp_path / "q.parquet")
+    out = run_cli("sweep", trace, "--budget", "0.25", "-e", "lru", "-e", "static", "-m", "fetch-all", "-m",
+                  "first-choice", "--admit", "none", "--quality", q, "--format", "json")
+    rows = json.JSONDecoder().raw_decode(out.output[out.output.index("{"):])[0]["rows"]  # (notes follow on stderr)
+    assert {r["holdout_tokens"] for r in rows} == {TOKENS // 4}
+    lru = {r["miss"]: r for r in rows if r["eviction"] == "lru"}
+    assert lru["first-choice"]["dppl_source"] == "measured" and lru["first-choice"]["dppl_pct"] == pytest.approx(2.0)
+    assert lru["first-choice"]["grid_key"] == SimConfig(eviction="lru", miss="first-choice", budget=0.25).key()
