@@ -1,7 +1,8 @@
 """Sweep rows joined with quality results (``moesim emulate --grid ... -o quality.parquet``).
 
-A sweep row and a quality row describe the same policy and cache size when their ``config_key``
-(``SimConfig.key()``) is equal, and the same model when their ``model_id`` is (both name the
+A sweep row and a quality row describe the same policy and cache size when the row's ``grid_key`` (its
+config as the grid names it, before a holdout folds in: sweeps/holdout.py; ``config_key`` in older files) equals
+the quality row's ``config_key`` (``SimConfig.key()``), and the same model when their ``model_id`` is (both name the
 checkpoint as ``moesim trace hf`` does). Where a config was emulated its measured dppl is shown;
 for the policies that always run the router's first choice, the rest get the model's mass fit
 (emulator.quality.mass_fit), labelled an estimate with its r and n; the others stay empty. The
