@@ -54,6 +54,7 @@ from moesim.policies.structures import (
 )
 
 NAME = "lirs"
+EXTRA_EVICTIONS_USED = True  # evicts beyond its insertions' victims (counted in the pool's EXTRA_EVICTIONS)
 LIBCACHESIM = "LIRS"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
 DOC = ("LIRS (libCacheSim LIRS): LIR experts by reuse distance, 1% of slots for HIR experts; like libCacheSim "
        "0.3.5 it can hold a few experts beyond the slots below 200 slots")

@@ -28,7 +28,11 @@ kernel keeps each expert's next request), ``IN_DEFAULT_GRID`` (the sweep's defau
 ``LIBCACHESIM`` (the libCacheSim 0.3.5 class with the same semantics under fetch-all: the tests then
 check the kernel against it, per layer and with a global pool, on random and real routing), ``USES_TOKEN``
 (the policy's time is in tokens: the replay puts the ticks of one token, L x (E + k), in the last slot of
-its own parameters, TOKEN_SLOT, so that a hook's token is tick // that, -1 for the warm set's ticks).
+its own parameters, TOKEN_SLOT, so that a hook's token is tick // that, -1 for the warm set's ticks),
+``EXTRA_EVICTIONS_USED`` (the policy evicts beyond its insertions' victims, in its pool's EXTRA_EVICTIONS: the plain
+kernel adds them only for such a policy), ``PARAM_REQUIRED`` (no default for its parameter), ``LEARNS`` (a placement
+learned from the trace's counts: sweeps/holdout.py), ``schedule(source, values, slots, allocation)`` (a pinned
+placement that re-pins along the trace: its initial set and pin events, simulator/pin_events.py).
 
 Codes are positions in name order; they exist only inside one process's kernel calls (results are
 keyed by names).
@@ -137,6 +141,12 @@ class Eviction:
     def param_required(self) -> bool:
         """The eviction is not defined without its parameter (a module's PARAM_REQUIRED: repin:N)."""
         return bool(getattr(self.module, "PARAM_REQUIRED", False))
+
+    @property
+    def extra_evictions(self) -> bool:
+        """The policy evicts beyond its insertions' victims (a module's EXTRA_EVICTIONS_USED: slru on a hit, lirs),
+        counted in its pool's EXTRA_EVICTIONS for the kernels to add."""
+        return bool(getattr(self.module, "EXTRA_EVICTIONS_USED", False))
 
     @property
     def learns(self) -> bool:

@@ -37,6 +37,7 @@ from moesim.policies.structures import (
 )
 
 NAME = "slru"
+EXTRA_EVICTIONS_USED = True  # evicts beyond its insertions' victims (counted in the pool's EXTRA_EVICTIONS)
 LIBCACHESIM = "SLRU"  # the libCacheSim 0.3.5 class with the same semantics under fetch-all (the tests' oracle)
 DOC = ("segmented LRU (libCacheSim SLRU): four LRU segments of a quarter each; a hit promotes one segment up, "
        "overflow cools down; admits nothing below 4 slots")

@@ -398,12 +398,15 @@ def variant_of(config: SimConfig, cost: Any, generic: bool = False) -> Variant:
 
 def family_of(config: SimConfig, cost: Any, generic: bool = False) -> str:
     """The kernel family (simulator/kernels.py FAMILIES) a replay needs: engine for --step-pin, --max-uploads
-    and the low-bit paths; ext for any other miss policy than fetch-all, prefetch, rerouting or an overlapped
-    clock; else plain."""
+    and the low-bit paths; ext for any other miss policy than fetch-all, prefetch, rerouting, an overlapped
+    clock, --admission second-touch or a re-pinning placement; else plain."""
     if config.step_pin or upload_cap(config, cost) or config.lowbit_share or miss_mod.miss_quant(config.miss):
         return "engine"
+    # (second-touch admission and the re-pinning placements stay out of plain's hot loop: measured 1.13-1.26x on
+    # its LRU kernel alone with them in, benchmarks/replay_vs_libcachesim.py)
     if generic or config.miss_name != "fetch-all" or config.prefetch != "none" or config.reroute is not None \
-            or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or getattr(cost, "cpu_overlap", False):
+            or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or getattr(cost, "cpu_overlap", False) \
+            or config.admit_window or registry.get(config.eviction_name).schedules:
         return "ext"
     return "plain"
 

@@ -1,4 +1,5 @@
-"""The plain replay: every miss fetched (fetch-all), none of the engine features. A template:
+"""The plain replay: every miss fetched (fetch-all) and admitted, a fixed placement, none of the engine features
+(--admission second-touch and the re-pinning placements run on the ext kernel: simulator/args.py family_of). A template:
 simulator/kernels.py compiles one copy per eviction policy, with the policy's hooks bound to HIT and
 INSERT and inlined where requests are handled. (A copy without the clock, the host-RAM tier and the
 decision record compiled in gained 1.26x on the LRU and FIFO kernel alone but 1.10x on `moesim profile` end
@@ -11,7 +12,7 @@ kernel matches count for count, second for second.
 from typing import Any
 
 from moesim.policies.miss import OUTCOME_FETCH, OUTCOME_HIT
-from moesim.policies.structures import CAP, EXTRA_EVICTIONS, LASTREQ, NREQ, REQS, RES, SCORE
+from moesim.policies.structures import CAP, EXTRA_EVICTIONS, NREQ, RES, SCORE
 from moesim.simulator.counters import (
     DECAY_BASE,
     EVICTIONS,
@@ -33,8 +34,6 @@ from moesim.simulator.counters import (
 )
 from moesim.simulator.host_ram import from_nvme
 from moesim.simulator.miss_paths import layer_cold
-from moesim.simulator.pin_events import apply as apply_pins
-from moesim.simulator.pin_events import first_event
 from moesim.simulator.reset import first_ticks, reset_state
 
 # Bound per specialization (simulator/kernels.py); the template itself is never compiled.
@@ -45,6 +44,7 @@ REKEY_CALL: Any = None   # its rekey hook, out of line (rescaled scores)
 USES_NEXT = False        # the policy reads each expert's next request
 USES_SCORE = False       # ... its decayed request score
 ADMITS = True            # False for pinned placements: a fetch is for this use only
+EXTRA = False            # the policy evicts beyond its insertions' victims (registry extra_evictions: slru, lirs)
 
 
 def replay(steps, policy, setup, state, out):
@@ -70,9 +70,6 @@ def replay(steps, policy, setup, state, out):
         if cost[c] != 0.0:
             timed = True
     half_life = prm[0] if USES_SCORE else 0.0
-    # --admission second-touch:W: a fetched expert is admitted only when its pool requested it within the last W
-    # requests
-    adm_w = policy.admit_window
     if t0 == 0:
         first_ticks(steps.first_req, fo)
     s_dense_layer, s_vram = cost[S_DENSE_LAYER], cost[S_EXPERT_VRAM]
@@ -83,8 +80,6 @@ def replay(steps, policy, setup, state, out):
     prev_seq = scal[PREV_SEQ]
     decay_base = scal[DECAY_BASE]
     inc = 1.0
-    pin_ev = setup.pin_events  # a re-pinning placement's swaps (simulator/pin_events.py), at their tokens' start
-    pin_i = first_event(pin_ev, t0) if pin_ev.shape[0] else 0
     for t in range(T):
         tg = t0 + t  # the token's index in the whole trace
         t_start = now
@@ -96,9 +91,6 @@ def replay(steps, policy, setup, state, out):
             for i in range(nw):
                 o = warm[i]
                 INSERT_CALL(ob, fo, po, heap, prm, pool_of_layer[o // E], o, -2 * (nw - i) - 1)
-            if adm_w > 0:  # second-touch forgets the requests before the reset (the pools' counts are reset)
-                for o in range(n_obj):
-                    fo[o, LASTREQ] = -1.0
             decay_base = tg
         prev_seq = tok_seq[t]
         if USES_SCORE and half_life > 0.0:
@@ -110,10 +102,6 @@ def replay(steps, policy, setup, state, out):
                 decay_base = tg
                 inc = 1.0
         counting = tg >= warmup
-        if pin_i < pin_ev.shape[0] and pin_ev[pin_i, 0] == tg:
-            pin_i, now, link_free, stall = apply_pins(pin_ev, pin_i, tg, t, E, ob, po, ram, tiered, counting,
-                                                      tok_counts, layer_counts, timed, s_fetch_ram, s_fetch_nvme,
-                                                      s_writeback, now, link_free, stall)
         tk_req = tk_hit = tk_fetch = tk_evict = 0  # the token's frequent counters, over its layers
         for l in range(L):
             pool = pool_of_layer[l]
@@ -134,12 +122,6 @@ def replay(steps, policy, setup, state, out):
                 if USES_SCORE:
                     fo[o, SCORE] += inc
                 n_req += 1
-                second = True  # second-touch: requested within the window (always true without the rule)
-                if adm_w > 0:
-                    ri = po[pool, REQS]
-                    po[pool, REQS] = ri + 1
-                    second = fo[o, LASTREQ] >= 0.0 and ri - fo[o, LASTREQ] <= adm_w
-                    fo[o, LASTREQ] = ri
                 if ob[o, RES] != 0:
                     n_hit += 1
                     HIT(ob, fo, po, heap, prm, pool, o, tick + r, True)
@@ -159,19 +141,20 @@ def replay(steps, policy, setup, state, out):
                     stall += start - now
                     link_free = start + (s_fetch_nvme if nvme else s_fetch_ram)
                     now = link_free + s_vram
-                if ADMITS and second:  # else fetched for this use only
+                if ADMITS:
                     if INSERT(ob, fo, po, heap, prm, pool, o, tick + r) >= 0:
                         n_evict += 1
                         if timed:
                             link_free = max(now, link_free) + s_writeback
                 if record:
                     outcome[t, l, r] = OUTCOME_FETCH
-            x = po[pool, EXTRA_EVICTIONS]  # evicted beyond the insertions' victims (slru, lirs): written back last
-            if x:
-                po[pool, EXTRA_EVICTIONS] = 0
-                n_evict += x
-                if timed:
-                    link_free = max(now, link_free) + x * s_writeback
+            if EXTRA:  # evicted beyond the insertions' victims (slru, lirs): written back last
+                x = po[pool, EXTRA_EVICTIONS]
+                if x:
+                    po[pool, EXTRA_EVICTIONS] = 0
+                    n_evict += x
+                    if timed:
+                        link_free = max(now, link_free) + x * s_writeback
             tk_req += n_req
             tk_hit += n_hit
             tk_fetch += n_fetch

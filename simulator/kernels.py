@@ -83,7 +83,8 @@ def _plain(v: Variant):
     ev = _policy_of(v.hook_set)
     h, called = ev.hooks(), registry.compiled_hooks(ev.hook_set)
     bindings = dict(HIT=h.hit, INSERT=h.insert, INSERT_CALL=called.insert, REKEY_CALL=called.rekey,
-                    USES_NEXT=ev.uses_next_request, USES_SCORE=ev.uses_score, ADMITS=not ev.pinned)
+                    USES_NEXT=ev.uses_next_request, USES_SCORE=ev.uses_score, ADMITS=not ev.pinned,
+                    EXTRA=ev.extra_evictions)
     return specialize(kernel_plain.replay, v.name, bindings, ev.hook_modules, _nrt=False)
 
 
