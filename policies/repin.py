@@ -30,33 +30,31 @@ def pinned(counts: np.ndarray, slots: int, allocation: str) -> np.ndarray:
     return np.zeros(0, np.int64)
 
 
-def swaps(window: np.ndarray, pinned: set, cap: int, gain: float) -> tuple[list[int], list[int]]:
-    """(out, in): the swaps of one pool, ``window`` its objects' requests (index = object id within the pool)."""
-    outs: list[int] = []
-    ins: list[int] = []
-    free = sorted(set(range(len(window))) - pinned, key=lambda o: (-window[o], o))  # hottest first
-    held = sorted(pinned, key=lambda o: (window[o], -o))  # coldest first
-    fi = 0
-    while fi < len(free):
-        hot = free[fi]
-        if len(held) < cap:
-            if window[hot] <= 0 or window[hot] < gain:
-                break
-            held.append(hot)
-        else:
-            if not held:
-                break
-            cold = held[0]
-            g = window[hot] - window[cold]
-            if g <= 0 or g < gain:
-                break
-            held.pop(0)
-            outs.append(cold)
-            held.append(hot)
-        ins.append(hot)
-        fi += 1
-        held.sort(key=lambda o: (window[o], -o))
-    return outs, ins
+def swaps(window: np.ndarray, held: np.ndarray, cap: int, gain: float) -> tuple[np.ndarray, np.ndarray]:
+    """(out, in): the swaps of one pool, ``window`` its objects' requests, ``held`` [objects] bool its pinned set.
+
+    The rule swaps one pair at a time, the hottest unpinned expert against the coldest pinned one. The experts it
+    pins have at least as many requests as every unpinned one left, so the coldest pinned expert that limits a
+    later swap is never one it just pinned (that swap's gain would be <= 0 either way): the i-th swap pairs the
+    i-th hottest unpinned expert with the i-th coldest originally pinned one, and the gains only fall, so the
+    swaps are the longest prefix whose gains clear G. Empty slots are filled first, by the hottest experts with at
+    least max(G, 1) requests (while they are, no swap happens)."""
+    ids = np.arange(len(window))
+    free = ids[~held]
+    free = free[np.lexsort((free, -window[free]))]  # hottest first, ties to the lower id
+    pinned_now = ids[held]
+    pinned_now = pinned_now[np.lexsort((-pinned_now, window[pinned_now]))]  # coldest first, ties to the higher id
+    n_fill = max(0, cap - len(pinned_now))
+    w_free = window[free]
+    fill = int(np.argmin(np.append((w_free[:n_fill] > 0) & (w_free[:n_fill] >= gain), False)))
+    ins = free[:fill]
+    if fill < n_fill:  # the pool is not full: no swap
+        return np.zeros(0, np.int64), ins
+    rest = free[fill:]
+    m = min(len(rest), len(pinned_now))
+    g = window[rest[:m]] - window[pinned_now[:m]]
+    n = int(np.argmin(np.append((g > 0) & (g >= gain), False)))
+    return pinned_now[:n], np.concatenate([ins, rest[:n]])
 
 
 def schedule(source, values, slots: int, allocation: str):
@@ -66,28 +64,24 @@ def schedule(source, values, slots: int, allocation: str):
     sel = np.asarray(source.sel)
     T, L, _ = sel.shape
     E = source.n_experts
-    pools = [(np.arange(l * E, (l + 1) * E), slots) for l in range(L)] if allocation == "per-layer" \
-        else [(np.arange(L * E), slots * L)]
-    held: list[set] = [set() for _ in pools]
-    events: list[tuple[int, int, int]] = []
+    pools = [(l * E, (l + 1) * E, slots) for l in range(L)] if allocation == "per-layer" else [(0, L * E, slots * L)]
+    held = np.zeros(L * E, np.bool_)
+    events: list[np.ndarray] = []
     objs = sel.astype(np.int64) + (np.arange(L, dtype=np.int64) * E)[None, :, None]
     for t in range(every, T, every):
         part = objs[t - every:t].reshape(-1)
         counts = np.bincount(part[sel[t - every:t].reshape(-1) >= 0], minlength=L * E)  # (-1 pads a row)
-        for p, (ids, cap) in enumerate(pools):
-            base = int(ids[0])
-            outs, ins = swaps(counts[ids], {o - base for o in held[p]}, cap, gain)
-            for o in sorted(outs):
-                held[p].discard(o + base)
-                events.append((t, o + base, -1))
-            for o in sorted(ins):
-                held[p].add(o + base)
-                events.append((t, o + base, 1))
-    return np.zeros(0, np.int64), _events(events)
+        for lo, hi, cap in pools:
+            outs, ins = swaps(counts[lo:hi], held[lo:hi], cap, gain)
+            held[lo + outs] = False
+            held[lo + ins] = True
+            events.append(np.stack([np.full(len(outs), t), lo + outs, np.full(len(outs), -1)], axis=1))
+            events.append(np.stack([np.full(len(ins), t), lo + ins, np.full(len(ins), 1)], axis=1))
+    return np.zeros(0, np.int64), _events(np.concatenate(events) if events else np.zeros((0, 3), np.int64))
 
 
 def _events(events) -> np.ndarray:
-    ev = np.array(events, np.int64).reshape(-1, 3)
+    ev = np.asarray(events, np.int64).reshape(-1, 3)
     if len(ev):  # by token, outs first, then by object
         ev = ev[np.lexsort((ev[:, 1], ev[:, 2], ev[:, 0]))]
     return ev

@@ -52,17 +52,23 @@ def tables(source, values, slots: int, allocation: str) -> dict[int, set]:
 def schedule(source, values, slots: int, allocation: str):
     """The initial pinned objects and the pin events [(token, object, -1 | +1)] at the domain switches."""
     table = tables(source, values, slots, allocation)
-    domain = np.asarray(source.domain)
+    n_obj = source.n_layers * source.n_experts
+    masks = {}
+    for d, objs in table.items():
+        masks[d] = np.zeros(n_obj, np.bool_)
+        masks[d][list(objs)] = True
+    domain = np.asarray(source.domain).astype(np.int64)
     first = int(np.nonzero(domain >= 0)[0][0])
-    cur_d = int(domain[first])
-    cur = table[cur_d]
-    events: list[tuple[int, int, int]] = []
-    for t in range(first + 1, len(domain)):
-        d = int(domain[t])
-        if d < 0 or d == cur_d:
-            continue
-        new = table[d]
-        events += [(t, o, -1) for o in sorted(cur - new)] + [(t, o, 1) for o in sorted(new - cur)]
-        cur, cur_d = new, d
-    ev = np.array(events, np.int64).reshape(-1, 3)
+    # the domain in force at each token (tokens without one keep the last) and the tokens where it changes
+    t_known = np.nonzero(domain >= 0)[0]
+    switches = t_known[1:][domain[t_known[1:]] != domain[t_known[:-1]]]
+    events: list[np.ndarray] = []
+    cur = masks[int(domain[first])]
+    for t in switches.tolist():
+        new = masks[int(domain[t])]
+        outs, ins = np.nonzero(cur & ~new)[0], np.nonzero(new & ~cur)[0]
+        events.append(np.stack([np.full(len(outs), t), outs, np.full(len(outs), -1)], axis=1))
+        events.append(np.stack([np.full(len(ins), t), ins, np.full(len(ins), 1)], axis=1))
+        cur = new
+    ev = np.concatenate(events).astype(np.int64) if events else np.zeros((0, 3), np.int64)
     return np.array(sorted(table[int(domain[first])]), np.int64), ev
