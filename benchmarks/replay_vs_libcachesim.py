@@ -4,7 +4,9 @@
                                                [--policies lru,fifo,...] [--clock cpu|wall] [--processes N]
 
 Policies without a libCacheSim twin (lfuda, lcp, lfru: libCacheSim has no such rule; its LFUDA is another
-one) get a row of moesim's speed alone (``--alone``).
+one) get a row of moesim's speed alone (``--alone``). ``--second-touch lru,...`` adds rows ``lru+2t``: moesim's
+``--admission second-touch`` (the ext kernel) against libCacheSim's policy with its BloomFilterAdmissioner, the
+same rule under fetch-all from a cold start (docs/replay-semantics.md).
 
 One layer of E experts, top-k routing with Zipf-like popularity and temporal
 locality; libCacheSim replays the same flattened stream from an oracleGeneral
@@ -74,6 +76,9 @@ def main():
                     help="default: every eviction whose module names a libCacheSim twin")
     ap.add_argument("--alone", default="lfuda,lcp,lfru",
                     help="evictions without a libCacheSim twin, timed on moesim's side only ('' for none)")
+    ap.add_argument("--second-touch", default="lru",
+                    help="evictions also timed with --admission second-touch against libCacheSim's Bloom-filter "
+                         "admissioner (rows POLICY+2t; '' for none)")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: this thread's CPU time (steadier on a shared machine); wall: elapsed time")
     ap.add_argument("--processes", type=int, default=1,
@@ -97,8 +102,10 @@ def main():
         f"best of {args.repeat}, {args.clock} time; load average {os.getloadavg()[0]:.1f}")
     say(f"{'policy':8} {'libCacheSim Mreq/s':>19} {'moesim Mreq/s':>14} {'ratio':>6}  misses (equal?)")
     alone = [p for p in args.alone.split(",") if p]
-    for policy in [p for p in args.policies.split(",") if p] + alone:
-        config = SimConfig(eviction=policy, miss="fetch-all", slots=args.capacity)
+    rows = [(p, p, "always") for p in [p for p in args.policies.split(",") if p] + alone]
+    rows += [(f"{p}+2t", p, "second-touch") for p in args.second_touch.split(",") if p]
+    for label, policy, admission in rows:
+        config = SimConfig(eviction=policy, miss="fetch-all", slots=args.capacity, admission=admission)
         simulate(routing, config)  # compile + shared arrays
 
         def run_moesim(config=config):
@@ -108,10 +115,11 @@ def main():
             replay(*prep.args)
             return clock() - t0, int(prep.args.out.layer_counts[:, MISSES].sum())
 
-        def run_lcs(policy=policy):
+        def run_lcs(policy=policy, admission=admission):
             reader = lcs.TraceReader(str(tmp), lcs.TraceType.ORACLE_GENERAL_TRACE)
             # libCacheSim's default hash table (2^24 buckets), as every row before; CAR from its C init
-            cache = libcachesim_cache(policy, args.capacity, hashpower=24)
+            admissioner = lcs.BloomFilterAdmissioner() if admission != "always" else None
+            cache = libcachesim_cache(policy, args.capacity, hashpower=24, admissioner=admissioner)
             t0 = clock()
             ratio = cache.process_trace(reader)[0]
             return clock() - t0, int(round(ratio * n))
@@ -128,13 +136,13 @@ def main():
                 t_l = min(t_l, dt)
         if args.json:
             if twin:
-                print(json.dumps(dict(policy=policy, lcs=n / t_l, moesim=n / t_m, equal=m_misses == l_misses)),
+                print(json.dumps(dict(policy=label, lcs=n / t_l, moesim=n / t_m, equal=m_misses == l_misses)),
                       flush=True)
             continue
         if not twin:
-            print(f"{policy:8} {'-':>19} {n / t_m / 1e6:14.1f} {'-':>6}  {m_misses} (no libCacheSim twin)", flush=True)
+            print(f"{label:8} {'-':>19} {n / t_m / 1e6:14.1f} {'-':>6}  {m_misses} (no libCacheSim twin)", flush=True)
             continue
-        print(f"{policy:8} {n / t_l / 1e6:19.1f} {n / t_m / 1e6:14.1f} {t_l / t_m:6.2f}  "
+        print(f"{label:8} {n / t_l / 1e6:19.1f} {n / t_m / 1e6:14.1f} {t_l / t_m:6.2f}  "
               f"{m_misses} vs {l_misses} ({'yes' if m_misses == l_misses else 'NO'})", flush=True)
     if args.json:
         return
