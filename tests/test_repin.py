@@ -179,3 +179,21 @@ def test_a_streamed_replay_is_refused_with_one_line(shipped_trace, command):
     assert out.exit_code == 2, out.output
     lines = [x for x in out.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("moesim: error: ") and "--no-stream" in lines[0], out.output
+
+
+@pytest.mark.parametrize("options", [{"step_pin": True}, {"max_uploads": 1}, {"overlap": "layer"},
+                                     {"overlap": "cross-layer"}, {"miss": "hybrid"}])
+def test_engine_options_match_the_reference(options):
+    """The swaps under --step-pin, --max-uploads (not counted against the cap), an overlapped clock and hybrid
+    misses."""
+    with seeded_rng("repin-engine", sorted(options.items())) as rng:
+        T, L, E, k, M = 40, 2, 12, 3, 8
+        sel, w, cand, seq = random_routing_arrays(rng, T, L, E, k, M, 1)
+        routing = make_routing(sel, w, cand, seq, E)
+        cost = fake_cost(L, E, rng, 30, engine_costs=True)
+        for spec, extra in (("repin:4", {"repin": (4, 1.0)}), ("repin:6,2", {"repin": (6, 2.0)})):
+            config = SimConfig(eviction=spec, slots=3, **options)
+            ref_opts = {"miss": "fetch-all", **options}
+            ref = reference_replay(sel, w, cand, seq, E, eviction="repin", slots=3, cost=_cost_dict(cost, L),
+                                   **ref_opts, **extra)
+            _check(routing, config, ref, cost=dataclasses.replace(cost))
