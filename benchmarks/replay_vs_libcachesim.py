@@ -3,6 +3,11 @@
     python benchmarks/replay_vs_libcachesim.py [--steps 625000] [--experts 512] [--k 8] [--capacity 128]
                                                [--policies lru,fifo,...] [--clock cpu|wall] [--processes N]
 
+Policies without a libCacheSim twin (lfuda, lcp, lfru: libCacheSim has no such rule; its LFUDA is another
+one) get a row of moesim's speed alone (``--alone``). ``--second-touch lru,...`` adds rows ``lru+2t``: moesim's
+``--admission second-touch`` (the ext kernel) against libCacheSim's policy with its BloomFilterAdmissioner, the
+same rule under fetch-all from a cold start (docs/replay-semantics.md).
+
 One layer of E experts, top-k routing with Zipf-like popularity and temporal
 locality; libCacheSim replays the same flattened stream from an oracleGeneral
 file (its fastest path). Each side is timed best-of-N after a warm-up run,
@@ -31,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from replay_helpers import make_routing, oracle_trace  # noqa: E402
+from replay_helpers import libcachesim_cache, make_routing, oracle_trace  # noqa: E402
 
 from moesim.policies import registry  # noqa: E402
 from moesim.simulator import SimConfig, kernels, simulate  # noqa: E402
@@ -69,6 +74,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--policies", default=",".join(registry.libcachesim_twins()),
                     help="default: every eviction whose module names a libCacheSim twin")
+    ap.add_argument("--alone", default="lfuda,lcp,lfru",
+                    help="evictions without a libCacheSim twin, timed on moesim's side only ('' for none)")
+    ap.add_argument("--second-touch", default="lru",
+                    help="evictions also timed with --admission second-touch against libCacheSim's Bloom-filter "
+                         "admissioner (rows POLICY+2t; '' for none)")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: this thread's CPU time (steadier on a shared machine); wall: elapsed time")
     ap.add_argument("--processes", type=int, default=1,
@@ -91,8 +101,11 @@ def main():
     say(f"stream: {n:,} requests, {args.experts} experts, top-{args.k}, capacity {args.capacity}, "
         f"best of {args.repeat}, {args.clock} time; load average {os.getloadavg()[0]:.1f}")
     say(f"{'policy':8} {'libCacheSim Mreq/s':>19} {'moesim Mreq/s':>14} {'ratio':>6}  misses (equal?)")
-    for policy in args.policies.split(","):
-        config = SimConfig(eviction=policy, miss="fetch-all", slots=args.capacity)
+    alone = [p for p in args.alone.split(",") if p]
+    rows = [(p, p, "always") for p in [p for p in args.policies.split(",") if p] + alone]
+    rows += [(f"{p}+2t", p, "second-touch") for p in args.second_touch.split(",") if p]
+    for label, policy, admission in rows:
+        config = SimConfig(eviction=policy, miss="fetch-all", slots=args.capacity, admission=admission)
         simulate(routing, config)  # compile + shared arrays
 
         def run_moesim(config=config):
@@ -102,25 +115,34 @@ def main():
             replay(*prep.args)
             return clock() - t0, int(prep.args.out.layer_counts[:, MISSES].sum())
 
-        def run_lcs(policy=policy):
+        def run_lcs(policy=policy, admission=admission):
             reader = lcs.TraceReader(str(tmp), lcs.TraceType.ORACLE_GENERAL_TRACE)
-            cache = getattr(lcs, twins[policy])(cache_size=args.capacity)
+            # libCacheSim's default hash table (2^24 buckets), as every row before; CAR from its C init
+            admissioner = lcs.BloomFilterAdmissioner() if admission != "always" else None
+            cache = libcachesim_cache(policy, args.capacity, hashpower=24, admissioner=admissioner)
             t0 = clock()
             ratio = cache.process_trace(reader)[0]
             return clock() - t0, int(round(ratio * n))
 
-        run_lcs()
+        twin = policy in twins
+        if twin:
+            run_lcs()
         t_m = t_l = float("inf")
         for _ in range(args.repeat):  # alternated, so a change in the machine's load hits both
             dt, m_misses = run_moesim()
             t_m = min(t_m, dt)
-            dt, l_misses = run_lcs()
-            t_l = min(t_l, dt)
+            if twin:
+                dt, l_misses = run_lcs()
+                t_l = min(t_l, dt)
         if args.json:
-            print(json.dumps(dict(policy=policy, lcs=n / t_l, moesim=n / t_m, equal=m_misses == l_misses)),
-                  flush=True)
+            if twin:
+                print(json.dumps(dict(policy=label, lcs=n / t_l, moesim=n / t_m, equal=m_misses == l_misses)),
+                      flush=True)
             continue
-        print(f"{policy:8} {n / t_l / 1e6:19.1f} {n / t_m / 1e6:14.1f} {t_l / t_m:6.2f}  "
+        if not twin:
+            print(f"{label:8} {'-':>19} {n / t_m / 1e6:14.1f} {'-':>6}  {m_misses} (no libCacheSim twin)", flush=True)
+            continue
+        print(f"{label:8} {n / t_l / 1e6:19.1f} {n / t_m / 1e6:14.1f} {t_l / t_m:6.2f}  "
               f"{m_misses} vs {l_misses} ({'yes' if m_misses == l_misses else 'NO'})", flush=True)
     if args.json:
         return

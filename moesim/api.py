@@ -52,7 +52,7 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
           ci_unit: str = "auto", ci_method: str = "rotated", stream: bool | None = None, prefetches=None,
           prefetch_depth: int | None = None, prefetch_train: str | None = None, overlap: str | None = None,
           engine: str | None = None, context: int | None = None, speculative: int | None = None,
-          accept: float | None = None):
+          accept: float | None = None, admission: str | None = None, holdout: float | None = None):
     """Rank a grid of policies on one trace (path or Routing) or a list of them, like ``moesim sweep``.
 
     Axes take a value or a list (budgets also a range "0.05:0.5:0.05" or {"start", "stop", "step"});
@@ -74,7 +74,9 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
     --prefetch-train; ``overlap`` (none, layer, cross-layer; None: the engine profile's) and ``engine`` price
     the clock (docs/replay-semantics.md); ``context`` (tokens per sequence) sizes the KV cache that VRAM and host RAM
     hold before the expert tiers; ``speculative``/``accept``: every config's steps verify G drafted tokens per
-    sequence, A of them accepted."""
+    sequence, A of them accepted. ``admission`` (always, second-touch[:W]) and ``holdout`` (the fraction of each
+    trace learned static placements learn from, not counted; None: 0.25 when the grid has one) as --admission and
+    --holdout."""
     import polars as pl
 
     from moesim.sweeps.grid import grid_from_options
@@ -86,7 +88,8 @@ def sweep(trace, *, budgets=None, slots=None, evictions=None, misses=None, theta
                              model=model, quants=quant, presets=presets, baseline=baseline, prefetches=prefetches,
                              prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
                              engine=engine, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
-                             lowbit_quant=lowbit_quant, context=context, speculative=speculative, accept=accept)
+                             lowbit_quant=lowbit_quant, context=context, speculative=speculative, accept=accept,
+                             admission=admission, holdout=holdout)
     out = run_sweep(trace, grid, output=output, jobs=jobs, executor=executor, rank_by=rank_by,
                     ci=_ci(ci, ci_resamples, ci_unit, ci_method), stream=stream)
     from moesim.sweeps.ranking import select_rows

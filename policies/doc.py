@@ -24,7 +24,8 @@ def eviction_table() -> str:
             "|---|---|---|---|---|"]
     for e in registry.EVICTIONS:
         if e.param:
-            p = f"`{e.name}:{e.param.symbol}`: {e.param.what} ({e.param.key})"
+            extra = "".join(f"[,{x.symbol}]" for x in e.param.extra)
+            p = f"`{e.name}:{e.param.symbol}{extra}`: {e.param.what} ({e.param.key})"
         elif e.fixed:
             p = "fixed: " + ", ".join(f"{k} = {v:g}" for k, v in e.fixed)
         else:

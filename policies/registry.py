@@ -26,7 +26,13 @@ policy takes ``name:value``, passed to the kernel in slot 0 of its parameter vec
 keeps a decayed router-request score per expert; half-life = slot 0), ``USES_NEXT_REQUEST`` (the
 kernel keeps each expert's next request), ``IN_DEFAULT_GRID`` (the sweep's default eviction axis),
 ``LIBCACHESIM`` (the libCacheSim 0.3.5 class with the same semantics under fetch-all: the tests then
-check the kernel against it, per layer and with a global pool, on random and real routing).
+check the kernel against it, per layer and with a global pool, on random and real routing), ``USES_TOKEN``
+(the policy's time is in tokens: the replay puts the ticks of one token, L x (E + k), in the last slot of
+its own parameters, TOKEN_SLOT, so that a hook's token is tick // that, -1 for the warm set's ticks),
+``EXTRA_EVICTIONS_USED`` (the policy evicts beyond its insertions' victims, in its pool's EXTRA_EVICTIONS: the plain
+kernel adds them only for such a policy), ``PARAM_REQUIRED`` (no default for its parameter), ``LEARNS`` (a placement
+learned from the trace's counts: sweeps/holdout.py), ``schedule(source, values, slots, allocation)`` (a pinned
+placement that re-pins along the trace: its initial set and pin events, simulator/pin_events.py).
 
 Codes are positions in name order; they exist only inside one process's kernel calls (results are
 keyed by names).
@@ -48,6 +54,7 @@ from moesim.policies import kinds, lists
 from moesim.policies.params import Param
 
 N_PRM = kinds.N_OWN  # parameters a policy may have (the kernels' vector also holds its structure kind)
+TOKEN_SLOT = N_PRM - 1  # a USES_TOKEN policy's slot for the ticks of one token
 GENERIC = "generic"  # the hook set of every structure kind (policies/kinds.py)
 # --step-pin's modes (simulator/step_pin.py MODE_*): how a policy keeps the step's experts
 PIN_NONE, PIN_LIST, PIN_HEAP, PIN_FIXED, PIN_KEYHEAP = range(5)
@@ -66,6 +73,7 @@ class Eviction:
     uses_next_request: bool
     in_default_grid: bool
     libcachesim: str | None = None  # the libCacheSim class with the same semantics under fetch-all (test oracle)
+    uses_token: bool = False  # reads the ticks of one token in prm[TOKEN_SLOT]
 
     @property
     def pinned(self) -> bool:
@@ -121,15 +129,47 @@ class Eviction:
 
     @property
     def spec(self) -> str:
-        """How a user writes it: ``freq[:H]``."""
-        return f"{self.name}[:{self.param.symbol}]" if self.param else self.name
+        """How a user writes it: ``freq[:H]``, ``repin:N[,G]``."""
+        if not self.param:
+            return self.name
+        extra = "".join(f"[,{p.symbol}]" for p in self.param.extra)
+        if self.param_required:
+            return f"{self.name}:{self.param.symbol}{extra}"
+        return f"{self.name}[:{self.param.symbol}{extra}]"
 
-    def kernel_params(self, value: float | None) -> np.ndarray:
+    @property
+    def param_required(self) -> bool:
+        """The eviction is not defined without its parameter (a module's PARAM_REQUIRED: repin:N)."""
+        return bool(getattr(self.module, "PARAM_REQUIRED", False))
+
+    @property
+    def extra_evictions(self) -> bool:
+        """The policy evicts beyond its insertions' victims (a module's EXTRA_EVICTIONS_USED: slru on a hit, lirs),
+        counted in its pool's EXTRA_EVICTIONS for the kernels to add."""
+        return bool(getattr(self.module, "EXTRA_EVICTIONS_USED", False))
+
+    @property
+    def learns(self) -> bool:
+        """A placement learned from the trace's request counts (a module's LEARNS: static, static-domain): a sweep
+        learns it from a holdout prefix it does not count (sweeps/holdout.py) unless given its own prefix."""
+        return bool(getattr(self.module, "LEARNS", False))
+
+    @property
+    def schedules(self) -> bool:
+        """A pinned placement whose pinned set changes during the replay (a module's ``schedule``: repin,
+        static-domain): simulator/args.py turns it into the kernels' pin events."""
+        return self.pinned and hasattr(self.module, "schedule")
+
+    def kernel_params(self, value: float | None, ticks_per_token: int = 1) -> np.ndarray:
+        """The kernels' parameter vector; ``ticks_per_token``: L x (E + k) of the replay (USES_TOKEN policies)."""
         vals = ([self.param.default if value is None else float(value)] if self.param else [])
         vals += [v for _, v in self.fixed]
-        if len(vals) > N_PRM:
+        if len(vals) > (TOKEN_SLOT if self.uses_token else N_PRM):
             raise MoesimError(f"eviction {self.name} has {len(vals)} parameters; the kernel takes {N_PRM}")
-        return np.array(vals + [0.0] * (N_PRM - len(vals)) + [float(x) for x in self.structure], np.float64)
+        vals += [0.0] * (N_PRM - len(vals))
+        if self.uses_token:
+            vals[TOKEN_SLOT] = float(ticks_per_token)
+        return np.array(vals + [float(x) for x in self.structure], np.float64)
 
 
 def _discover() -> tuple[Eviction, ...]:
@@ -152,7 +192,8 @@ def _discover() -> tuple[Eviction, ...]:
                             uses_score=bool(getattr(m, "USES_SCORE", False)),
                             uses_next_request=bool(getattr(m, "USES_NEXT_REQUEST", False)),
                             in_default_grid=bool(getattr(m, "IN_DEFAULT_GRID", False)),
-                            libcachesim=getattr(m, "LIBCACHESIM", None)))
+                            libcachesim=getattr(m, "LIBCACHESIM", None),
+                            uses_token=bool(getattr(m, "USES_TOKEN", False))))
     return tuple(out)
 
 
@@ -211,14 +252,39 @@ def get(name: str) -> Eviction:
 
 
 def parse_eviction(spec: str) -> tuple[str, float | None]:
-    """'lru' -> ('lru', None); 'freq:64' -> ('freq', 64.0); 'static:500' -> ('static', 500.0)."""
+    """'lru' -> ('lru', None); 'freq:64' -> ('freq', 64.0); 'static:500' -> ('static', 500.0); 'repin:64,8' ->
+    ('repin', 64.0) (eviction_values has the rest)."""
+    name, values = _values(spec)
+    return name, None if values is None else values[0]
+
+
+def eviction_values(spec: str) -> tuple[float, ...] | None:
+    """Every value of the eviction's parameter, its extra ones' defaults filled in ('repin:64' -> (64.0, 1.0));
+    None without a parameter."""
+    return _values(spec)[1]
+
+
+def canonical_eviction(spec: str) -> str:
+    """The one spelling of an eviction and its values (trailing extra values at their defaults left out), so that
+    equal configs hash equally: 'repin:64.0,1' -> 'repin:64'."""
+    name, values = _values(spec)
+    if values is None:
+        return name
+    ev = get(name)
+    vals = list(values)
+    while len(vals) > 1 and ev.param is not None and vals[-1] == ev.param.extra[len(vals) - 2].default:
+        vals.pop()
+    return f"{name}:" + ",".join(f"{v:g}" for v in vals)
+
+
+def _values(spec: str) -> tuple[str, tuple[float, ...] | None]:
     name, _, arg = str(spec).strip().partition(":")
     ev = get(name)
     if not arg:
         return name, None
     if ev.param is None:
         raise MoesimError(f"eviction policy {name!r} takes no parameter (got {spec!r})")
-    return name, ev.param.parse(spec, arg)
+    return name, ev.param.parse_all(spec, arg)
 
 
 def help_text() -> str:

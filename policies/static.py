@@ -10,6 +10,7 @@ NAME = "static"
 DOC = "pin the most-requested experts (whole trace, or first W tokens with static:W); never evict, never admit"
 IN_DEFAULT_GRID = True
 PARAM = Param("prefix_tokens", "W", "a positive whole number of tokens", integer=True)
+LEARNS = True  # from the trace's counts: a sweep learns it from a holdout prefix (sweeps/holdout.py)
 
 
 def most_requested(counts: np.ndarray, slots: int, allocation: str) -> np.ndarray:

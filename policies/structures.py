@@ -7,12 +7,16 @@ twenty: numba passes every array as ~7-9 machine words per call.
 
 - ``objs`` int32 [objects, N_OB]: list links, heap position, per-policy counter,
   resident flag, copy-queued flag, the host-RAM tier's list links and resident
-  flag, and which of its pool's lists the object is linked in;
+  flag, which of its pool's lists the object is linked in, and a second pair of
+  list links (a policy whose object may sit in two of its lists at once: LIRS);
 - ``objf`` float64 [objects, N_FO]: decayed request score, admission accumulator,
-  next-request tick, step mark;
+  next-request tick, step mark, two values of the policy's own (LRU-K's last
+  uses, MQ's expiry) and the index of its last request in its pool (second-touch
+  admission);
 - ``pools`` int64 [pools + 1, N_PO]: capacity, occupancy, heap size/base, up to
-  four linked lists (head, tail, length) and four per-pool policy scalars; the
-  last row is the host-RAM tier (an LRU list over all layers, list 0);
+  nine linked lists (head, tail, length), four per-pool policy scalars and the
+  pool's request count (second-touch admission); the last row is the host-RAM
+  tier (an LRU list over all layers, list 0);
 - ``heap`` float64 [sum of capacities, 3]: each pool's min-heap of (priority,
   last-use tick, object) rows, keys stored in the heap itself so that sifting reads
   contiguous memory (ticks and ids are exact in a float64 below 2^53); a keyed heap
@@ -33,22 +37,31 @@ from moesim.jitcache import cached_njit
 # objs columns (int32: a row is 40 bytes, so the objects of a few layers stay in the L1 cache): list
 # links, heap position, policy counter (LFU count, S3-FIFO frequency, visited/reference bits), resident,
 # copy queued, host-RAM tier links and resident flag, and the id (0..3) of the pool list the object is
-# linked in (-1: none)
-PRV, NXT, HPOS, CNT, RES, QUEUED, RPRV, RNXT, RRES, LST = range(10)
-N_OB = 10
+# linked in (-1: none); PRV2/NXT2: the links of a second list the object may be in at the same time (the list
+# helpers take them as ``prv``/``nxt``; LST tracks the first pair only)
+PRV, NXT, HPOS, CNT, RES, QUEUED, RPRV, RNXT, RRES, LST, PRV2, NXT2 = range(12)
+N_OB = 12
 # objf columns (float64): decayed request score, admission accumulator, next-request tick and the step
-# that last marked the object (selected or run as a substitute); ticks and steps are exact below 2^53
-SCORE, ACC, NREQ, MARK = range(4)
-N_FO = 4
+# that last marked the object (selected or run as a substitute); ticks and steps are exact below 2^53; P0, P1:
+# the policy's own (never touched by the kernels; a policy sets them before it reads them)
+SCORE, ACC, NREQ, MARK, P0, P1 = range(6)
+# LASTREQ (the kernels', --admission second-touch): the index, among its pool's requests, of the object's last
+# request (-1: none since the reset)
+LASTREQ = 6
+N_FO = 7
 # heap columns
 HK1, HK2, HOBJ = range(3)
 # pools columns: capacity, resident count, heap size and base row; list q has HEAD + 3q, TAIL + 3q,
-# LEN + 3q; X0..X3 are per-pool policy scalars
+# LEN + 3q; X0..X3 are per-pool policy scalars (zero after a reset), X3 by convention the number of objects
+# the policy evicted beyond the victims its insert hook returned (SLRU's and LIRS's evictions on a hit)
 CAP, SIZE, HSIZE, HBASE = range(4)
 HEAD, TAIL, LEN = 4, 5, 6
-N_LISTS = 4
+N_LISTS = 9  # MQ: eight queues and a ghost list
 X0 = HEAD + 3 * N_LISTS
-N_PO = X0 + 4
+X1, X2, X3 = X0 + 1, X0 + 2, X0 + 3
+EXTRA_EVICTIONS = X3
+REQS = X0 + 4  # the kernels' (--admission second-touch): the pool's requests since the reset
+N_PO = X0 + 5
 
 
 def new_pools(pool_cap: np.ndarray, ram_cap: int = -1) -> np.ndarray:

@@ -103,7 +103,7 @@ def _off_chart(frame, limit: float) -> list[str]:
 def _lines(text: str, width: int) -> list[str]:
     import textwrap
 
-    return textwrap.wrap(text, width)
+    return textwrap.wrap(text, width, break_on_hyphens=False)  # a policy name (static-layers) stays whole
 
 
 def pareto_chart(rows, *, synthetic: bool, priced_as: str) -> Figure:

@@ -6,7 +6,12 @@ Stock llama.cpp places experts per layer: a layer's experts are one stacked tens
 (``blk.N.ffn_{gate,up,down}_exps``, or a fused ``ffn_gate_up_exps``), and ``--n-cpu-moe N`` keeps the
 tensors of blocks 0..N-1 in host memory, exactly as ``-ot`` with llama.cpp's own per-block pattern
 (``llm_ffn_exps_block_regex`` in its common/common.h) does. A per-expert placement (``static``) is
-for engines with an expert cache that read pin lists."""
+for engines with an expert cache that read pin lists.
+
+Re-pinning placements change their pinned set along the trace: ``repin:N[,G]`` is written as its schedule (JSON, or
+``schedule``: CSV of token, layer, expert, in|out), which no engine we know of reads from a file (a driver of your
+own replays it); ``static-domain`` as its schedule too, and, with ``domain``, as one domain's table in every pin-list
+format (an engine serving that domain's prompts loads it: a static pin list)."""
 
 from __future__ import annotations
 
@@ -25,8 +30,9 @@ from moesim.sweeps.inputs import load_traces
 from moesim.sweeps.single import simulate_one
 from moesim.textsafe import term
 
-POLICIES = ("static", "static-layers")
-FORMATS = ("llama.cpp", "pins", "json", "fitz-tec", "moe-l2", "ktransformers")
+POLICIES = ("static", "static-layers", "repin", "static-domain")
+FORMATS = ("llama.cpp", "pins", "json", "fitz-tec", "moe-l2", "ktransformers", "schedule")
+SCHEDULE_FORMATS = ("json", "schedule")  # what a re-pinning schedule is written as
 BINARY_FORMATS = ("ktransformers",)
 # llama.cpp common/common.h: LLM_FFN_EXPS_REGEX, and llm_ffn_exps_block_regex(i) = "blk\\.<i>" + it
 LLAMA_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -59,6 +65,11 @@ class Placement:
     n_experts: int = 0
     top_k: int = 0
     n_model_layers: int = 0  # the model's layers, dense ones included (the layer index space of the engines)
+    # re-pinning placements: the swaps [(token, original layer index, expert, +1 in | -1 out)], outs first at a token
+    schedule: list[tuple[int, int, int, int]] | None = None
+    tables: dict[str, dict[int, list[int]]] = field(default_factory=dict)  # static-domain: domain -> its table
+    domain: str | None = None  # static-domain: the domain whose table gpu_experts is (None: the first token's)
+    start_experts: dict[int, list[int]] = field(default_factory=dict)  # re-pinning: pinned before the first token
 
     @property
     def n_cpu_moe(self) -> int | None:
@@ -90,6 +101,24 @@ class Placement:
             lines.append("# (every MoE layer fits on the GPU: no override needed)")
         return "\n".join(lines) + "\n"
 
+    def schedule_csv(self) -> str:
+        """The swaps as CSV: ``token,layer,expert,action`` (in | out), in replay order (outs first at a token);
+        the experts pinned before the first token are rows of token -1 (action in)."""
+        if self.schedule is None:
+            raise MoesimError(f"{self.policy} pins one set for the whole trace: there is no schedule (use "
+                              "--format pins|json)")
+        rows = ["token,layer,expert,action"] + [f"-1,{layer},{e},in" for layer in self.layers
+                                                for e in self.start_experts.get(layer, [])]
+        rows += [f"{t},{layer},{e},{'in' if a > 0 else 'out'}" for t, layer, e, a in self.schedule]
+        return "\n".join(rows) + "\n"
+
+    def _static_only(self, fmt: str) -> None:
+        """A pin-list format holds one set: a re-pinning schedule cannot be one (a domain's table can)."""
+        if self.schedule is not None and (self.policy.startswith("repin") or self.domain is None):
+            extra = " or --domain NAME for one domain's table" if self.policy.startswith("static-domain") else ""
+            raise MoesimError(f"{self.policy} changes its pinned set along the trace: --format {fmt} holds one set "
+                              f"of experts; write the schedule (--format json|schedule){extra}")
+
     def pins_csv(self) -> str:
         rows = ["layer,expert"] + [f"{layer},{e}" for layer in self.layers for e in self.gpu_experts[layer]]
         return "\n".join(rows) + "\n"
@@ -98,6 +127,13 @@ class Placement:
         doc = {"trace": self.trace, "model_id": self.model_id, "synthetic": self.synthetic, "policy": self.policy,
                "budget": self.budget, "slots_per_layer": self.slots_per_layer,
                "gpu_experts": {str(k): v for k, v in self.gpu_experts.items()}, "expected": self.expected}
+        if self.schedule is not None:
+            doc["schedule"] = [{"token": t, "layer": layer, "expert": e, "action": "in" if a > 0 else "out"}
+                               for t, layer, e, a in self.schedule]
+            doc["gpu_experts_at_start"] = {str(k): v for k, v in self.start_experts.items()}
+        if self.tables:
+            doc["domain"] = self.domain
+            doc["tables"] = {d: {str(k): v for k, v in t.items()} for d, t in self.tables.items()}
         if self.policy == "static-layers":
             doc["llama.cpp"] = {"n_cpu_moe": self.n_cpu_moe, "cpu_blocks": self.cpu_blocks,
                                 "override_tensor": f"{block_pattern(self.cpu_blocks)}=CPU" if self.cpu_blocks else None}
@@ -137,6 +173,10 @@ class Placement:
         return mask
 
     def render(self, fmt: str) -> str:
+        if fmt not in SCHEDULE_FORMATS:
+            self._static_only(fmt)
+        if fmt == "schedule":
+            return self.schedule_csv()
         if fmt == "llama.cpp":
             return self.llama_cpp()
         if fmt == "pins":
@@ -151,6 +191,7 @@ class Placement:
 
     def render_bytes(self, fmt: str) -> bytes:
         if fmt == "ktransformers":
+            self._static_only(fmt)
             import io
 
             import numpy as np
@@ -181,10 +222,12 @@ def _expected_line(e: dict) -> str:
 
 def placement(trace, *, budget: float | None = None, slots: int | None = None, policy: str = "static-layers",
               allocation: str = "per-layer", hw: str | None = None, model: str | None = None,
-              quant: str | None = None, engine: str | None = None, ci=None) -> Placement:
+              quant: str | None = None, engine: str | None = None, ci=None, domain: str | None = None) -> Placement:
     """The placement a static policy keeps on the GPU for ``trace`` (a path or a Routing) and what the
     replay expects of it (misses computed on the CPU, as a static llama.cpp placement runs them); with
-    ``ci`` (a simulator.bootstrap.CI), the intervals of the hit rate and the time (docs/uncertainty.md)."""
+    ``ci`` (a simulator.bootstrap.CI), the intervals of the hit rate and the time (docs/uncertainty.md).
+    A re-pinning policy (repin, static-domain) also gets its schedule; ``domain`` (static-domain) names the domain
+    whose table the pin-list formats write."""
     name = registry.parse_eviction(policy)[0]
     if name not in POLICIES:
         raise MoesimError(f"export needs a static placement policy ({' or '.join(POLICIES)}), got {policy!r}")
@@ -195,11 +238,27 @@ def placement(trace, *, budget: float | None = None, slots: int | None = None, p
     slots_n = config.slots_per_layer(E)
     param = config.eviction_param
     counts = routing.request_counts() if param is None else routing.request_counts(int(param))
-    pinned = registry.get(name).module.pinned(counts, slots_n, allocation)
     layers = [int(x) for x in routing.meta.moe_layers]
-    gpu: dict[int, list[int]] = {layer: [] for layer in layers}
-    for o in sorted(int(x) for x in pinned):
-        gpu[layers[o // E]].append(o % E)
+    ev = registry.get(name)
+    if domain is not None and name != "static-domain":
+        raise MoesimError(f"--domain picks a table of static-domain, not of {policy}")
+    schedule = None
+    tables: dict[str, dict[int, list[int]]] = {}
+    start: dict[int, list[int]] = {}
+    if ev.schedules:
+        pinned, events = ev.module.schedule(routing, config.eviction_values, slots_n, allocation)
+        start = _per_layer(pinned, layers, E)
+        schedule = [(int(t), layers[int(o) // E], int(o) % E, int(a)) for t, o, a in events]
+        if name == "static-domain":
+            tables = {routing.domain_names[d]: _per_layer(objs, layers, E)
+                      for d, objs in ev.module.tables(routing, config.eviction_values, slots_n, allocation).items()}
+            if domain is not None:
+                if domain not in tables:
+                    raise MoesimError(f"no domain {domain!r} in {entry.name} (its domains: {', '.join(tables)})")
+                pinned = [layers.index(layer) * E + e for layer, ids in tables[domain].items() for e in ids]
+    else:
+        pinned = ev.module.pinned(counts, slots_n, allocation)
+    gpu = _per_layer(pinned, layers, E)
     ranked = {layer: sorted(gpu[layer], key=lambda e: (-int(counts[layers.index(layer), e]), e)) for layer in layers}
     cpu_blocks = [layer for layer in layers if not gpu[layer]] if name == "static-layers" else []
     if engine is None and name == "static-layers":
@@ -218,7 +277,16 @@ def placement(trace, *, budget: float | None = None, slots: int | None = None, p
     return Placement(trace=entry.name, model_id=routing.meta.model_id, synthetic=routing.synthetic, policy=policy,
                      slots_per_layer=slots_n, budget=budget, layers=layers, gpu_experts=gpu, cpu_blocks=cpu_blocks,
                      expected=expected, ranked=ranked, n_experts=E, top_k=routing.top_k,
-                     n_model_layers=_model_layers(routing.meta))
+                     n_model_layers=_model_layers(routing.meta), schedule=schedule, tables=tables, domain=domain,
+                     start_experts=start)
+
+
+def _per_layer(objs, layers: list[int], E: int) -> dict[int, list[int]]:
+    """Object ids (layer ordinal x E + expert) as {original layer index: experts ascending}."""
+    out: dict[int, list[int]] = {layer: [] for layer in layers}
+    for o in sorted(int(x) for x in objs):
+        out[layers[o // E]].append(o % E)
+    return out
 
 
 def _model_layers(meta) -> int:

@@ -294,7 +294,10 @@ def group_title(r: dict) -> str:
         bits.append(f"batch {r['batch']}")
     if r["warm"]:
         bits.append("warm start")
-    if r["warmup_tokens"]:
+    if r.get("holdout_tokens"):  # sweeps/holdout.py
+        bits.append(f"first {r['warmup_tokens']} tokens not counted (static placements learned from the first "
+                    f"{r['holdout_tokens']}: out of sample)")
+    elif r["warmup_tokens"]:
         bits.append(f"first {r['warmup_tokens']} tokens not counted")
     if r["reset_per_sequence"]:
         bits.append("reset per sequence")

@@ -93,6 +93,8 @@ class Policy(NamedTuple):
     step_window: int       # recent:W's W
     step_biased: bool      # the rerouted set's weights from the biased scores
     gating_sigmoid: bool   # the trace's gating is sigmoid (gate weights are normalized sigmoids, not softmax)
+    admit_window: int      # --admission second-touch:W: a fetched expert is admitted only when requested within the
+                           # last W requests of its pool (SimConfig.admit_window; 0: always admitted)
 
 
 class Setup(NamedTuple):
@@ -104,6 +106,8 @@ class Setup(NamedTuple):
     pf_succ: np.ndarray        # [L, E, S] int16: next-layer prefetch successors (policies/prefetch.py), or empty
     pf_cnt: np.ndarray         # [L, E, S] int64: their counts
     lowbit_res: np.ndarray     # [L * E] bool: a low-bit copy is resident in VRAM (--lowbit-share)
+    pin_events: np.ndarray     # int64 [n, 3]: a re-pinning placement's (token, object, -1 out | +1 in), by token,
+                               # outs first (simulator/pin_events.py); empty for a fixed placement
 
 
 class State(NamedTuple):
@@ -240,6 +244,9 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
                   tok_seq=np.ascontiguousarray(run.seq, dtype=np.int32), t0=0, look=look, logits=logits, score=score,
                   **by_member)
     policy, setup, state, slots, ram_cap = policy_state(routing, config, cost, warmup)
+    if k != routing.top_k and registry.get(config.eviction_name).uses_token:  # a batch's union: the kernel's ticks
+        policy = policy._replace(prm=registry.get(config.eviction_name).kernel_params(  # are L x (E + k) a token
+            config.eviction_param, ticks_per_token=L * (routing.n_experts + k)))
     if state.pf_prev.shape[0]:  # a batch's union may be wider than k
         state = state._replace(pf_prev=np.full((L, k), -1, np.int16))
     if k != routing.top_k:
@@ -281,8 +288,15 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     param = config.eviction_param
     pinned = np.zeros(L * E, np.bool_)
     warm_objs = np.zeros(0, np.int64)
-    if ev.pinned:
-        prefix_counts = counts_all if param is None else source.request_counts(int(param))
+    pin_events = np.zeros((0, 3), np.int64)
+    if ev.schedules:  # repin, static-domain: the pinned set changes along the tokens (policies/repin.py)
+        if not isinstance(source, Routing):
+            raise MoesimError(f"{ev.name} replays a trace in memory (it reads the whole routing ahead): "
+                              "use --no-stream")
+        first, pin_events = ev.module.schedule(source, config.eviction_values, full_slots, config.allocation)
+        pinned[first] = True
+    elif ev.pinned:
+        prefix_counts = counts_all if param is None else source.request_counts(int(param))  # static:W: first W tokens
         pinned[ev.module.pinned(prefix_counts, full_slots, config.allocation)] = True
     elif config.warm:
         # least popular first, so the most popular experts are the most recently inserted
@@ -299,20 +313,22 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
     if overlap != prefetch_mod.OVERLAP_NONE and miss_mod.miss_quant(config.miss) is not None:
         raise MoesimError(f"{config.miss} under an overlapped clock (--overlap layer|cross-layer, or the engine "
                           "profile's default) is not modelled: use --overlap none")
-    policy = Policy(evict=ev.code, prm=ev.kernel_params(param), miss=miss_mod.get(config.miss_name).code,
+    # a policy whose time is in tokens (registry USES_TOKEN) gets the kernel's ticks per token
+    policy = Policy(evict=ev.code, prm=ev.kernel_params(param, ticks_per_token=L * (E + source.top_k)),
+                    miss=miss_mod.get(config.miss_name).code,
                     theta=float(config.theta), beta=float(config.admit or 0.0), warmup_tokens=int(warmup),
                     reset_per_seq=bool(config.reset_per_sequence), overlap=overlap,
                     prefetch=pf_code, pf_depth=int(config.prefetch_depth), step_pin=bool(config.step_pin),
                     max_uploads=upload_cap(config, cost), uses_next=ev.uses_next_request,
                     uses_score=ev.uses_score, admits=not ev.pinned, pin_mode=ev.pin_mode,
                     cpu_overlap=bool(getattr(cost, "cpu_overlap", False)) and overlap == prefetch_mod.OVERLAP_NONE,
-                    **step_policy(config, source))
+                    admit_window=config.admit_window, **step_policy(config, source))
     succ, cnt = np.zeros((0, 0, 0), np.int16), np.zeros((0, 0, 0), np.int64)
     if pf_code == prefetch_mod.NEXT_LAYER:
         succ, cnt = next_layer_table(source, config)
     setup = Setup(pool_of_layer=pool_of_layer, pinned=pinned, warm_objs=warm_objs, ram_warm=ram_warm,
                   cost=kernel_costs(cost, L, config.batch, config.low_quant), pf_succ=succ, pf_cnt=cnt,
-                  lowbit_res=lowbit_res)
+                  lowbit_res=lowbit_res, pin_events=pin_events)
     n_obj = L * E
     n_pf = n_obj if pf_code != prefetch_mod.NONE else 0
     state = State(objs=np.zeros((n_obj, N_OB), np.int32), objf=np.zeros((n_obj, N_FO), np.float64),
@@ -415,12 +431,15 @@ def variant_of(config: SimConfig, cost: Any, generic: bool = False) -> Variant:
 
 def family_of(config: SimConfig, cost: Any, generic: bool = False) -> str:
     """The kernel family (simulator/kernels.py FAMILIES) a replay needs: engine for --step-pin, --max-uploads
-    and the low-bit paths; ext for any other miss policy than fetch-all, prefetch, rerouting or an overlapped
-    clock; else plain."""
+    and the low-bit paths; ext for any other miss policy than fetch-all, prefetch, rerouting, an overlapped
+    clock, --admission second-touch or a re-pinning placement; else plain."""
     if config.step_pin or upload_cap(config, cost) or config.lowbit_share or miss_mod.miss_quant(config.miss):
         return "engine"
+    # (second-touch admission and the re-pinning placements stay out of plain's hot loop: measured 1.13-1.26x on
+    # its LRU kernel alone with them in, benchmarks/replay_vs_libcachesim.py)
     if generic or config.miss_name != "fetch-all" or config.prefetch != "none" or config.reroute is not None \
-            or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or getattr(cost, "cpu_overlap", False):
+            or overlap_of(config, cost) != prefetch_mod.OVERLAP_NONE or getattr(cost, "cpu_overlap", False) \
+            or config.admit_window or registry.get(config.eviction_name).schedules:
         return "ext"
     return "plain"
 

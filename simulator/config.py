@@ -14,6 +14,7 @@ from moesim.policies import miss as miss_mod
 from moesim.policies import prefetch as prefetch_mod
 from moesim.policies import registry
 from moesim.policies import reroute as reroute_mod
+from moesim.policies.admission import UNBOUNDED_WINDOW, parse_admission
 from moesim.policies.miss import parse_miss
 from moesim.policies.registry import parse_eviction
 
@@ -26,9 +27,7 @@ STEP_PIN_REFUSED = tuple(e.name for e in registry.EVICTIONS if e.pin_mode == reg
 _LATER_DEFAULTS = {"prefetch": "none", "prefetch_depth": 1, "prefetch_train": None, "overlap": None,
                    "step_pin": False, "max_uploads": None, "lowbit_share": None, "lowbit_quant": None,
                    "speculative": 0, "accept": None, "reroute": None, "reroute_pool": None,
-                   "reroute_resident": "cache", "reroute_weights": "original"}
-
-
+                   "reroute_resident": "cache", "reroute_weights": "original", "admission": "always"}
 def slots_for_budget(budget: float, n_experts: int) -> int:
     """Cache slots per layer for a budget (a fraction of each layer's E experts): floor(budget x E),
     to within float noise."""
@@ -64,6 +63,7 @@ class SimConfig:
     reroute_pool: int | None = None  # candidates it considers (None: every candidate the trace stores)
     reroute_resident: str = "cache"  # what counts as resident: cache | recent:W
     reroute_weights: str = "original"  # the rerouted set's gate weights: original (unbiased) | biased
+    admission: str = "always"  # always | second-touch[:W]: which fetched experts are admitted (parse_admission)
 
     def __post_init__(self):
         ev, ev_arg = parse_eviction(self.eviction)
@@ -72,7 +72,13 @@ class SimConfig:
         if quant is not None and quant not in QUANT_SCHEMES:
             raise MoesimError(f"unknown quantization {quant!r} in {self.miss!r} (known: {', '.join(QUANT_SCHEMES)})")
         # canonical spellings so equal configs hash equally
-        object.__setattr__(self, "eviction", ev if ev_arg is None else f"{ev}:{ev_arg:g}")
+        object.__setattr__(self, "eviction", registry.canonical_eviction(self.eviction))
+        evp = registry.get(ev)
+        if evp.param_required and ev_arg is None:
+            raise MoesimError(f"eviction {ev} needs its parameter: {evp.spec}")
+        if evp.schedules and (self.reset_per_sequence or self.batch > 1 or self.speculative):
+            raise MoesimError(f"{ev} re-pins along the trace's tokens: --reset-per-sequence, --batch > 1 and "
+                              "--speculative are not modelled with it")
         object.__setattr__(self, "miss", f"{ms}:{quant}" if quant else (
             ms if ms != "threshold" else f"threshold:{theta:g}"))
         if not isinstance(self.step_pin, (bool, int)) or self.step_pin not in (0, 1):
@@ -119,6 +125,10 @@ class SimConfig:
             if int(self.slots) != self.slots or self.slots < 1:
                 raise MoesimError(f"slots must be a positive whole number, got {self.slots!r}")
             object.__setattr__(self, "slots", int(self.slots))
+        w = parse_admission(self.admission)
+        # canonical: a pinned placement admits nothing whatever the rule, so it replays as "always"
+        object.__setattr__(self, "admission", "always" if w == 0 or registry.get(ev).pinned else (
+            "second-touch" if w == UNBOUNDED_WINDOW else f"second-touch:{w}"))
         if self.admit is not None:
             a = float(self.admit)
             if not (math.isfinite(a) and a > 0.0):
@@ -192,6 +202,16 @@ class SimConfig:
         return parse_eviction(self.eviction)[1]
 
     @property
+    def eviction_values(self) -> tuple[float, ...] | None:
+        """All of the eviction's values (repin:N,G -> (N, G)); None without a parameter."""
+        return registry.eviction_values(self.eviction)
+
+    @property
+    def admit_window(self) -> int:
+        """The kernels' second-touch window in requests of the pool (0: every fetched expert is admitted)."""
+        return parse_admission(self.admission)
+
+    @property
     def pinned(self) -> bool:
         """A fixed pinned set (static, static-layers): nothing is ever evicted or admitted."""
         return registry.get(self.eviction_name).pinned
@@ -256,6 +276,8 @@ class SimConfig:
         parts = [self.eviction, self.miss]
         if self.admit is not None:
             parts.append(f"admit {self.admit:g}")
+        if self.admission != "always":
+            parts.append(self.admission)
         parts.append(f"{self.budget:g} budget" if self.budget is not None else f"{self.slots} slots")
         if self.allocation != "per-layer":
             parts.append(self.allocation)

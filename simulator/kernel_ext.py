@@ -19,7 +19,7 @@ import numpy as np
 from moesim.policies import miss
 from moesim.policies import prefetch as pfp
 from moesim.policies import reroute as reroute_mod
-from moesim.policies.structures import CAP, MARK, NREQ, QUEUED, RES, SCORE
+from moesim.policies.structures import CAP, EXTRA_EVICTIONS, LASTREQ, MARK, NREQ, QUEUED, REQS, RES, SCORE
 from moesim.simulator import overlap, reroute
 from moesim.simulator import prefetch as pfm
 from moesim.simulator import step_pin as pin
@@ -63,6 +63,8 @@ from moesim.simulator.miss_paths import (
     sync_fetch,
     tier_run,
 )
+from moesim.simulator.pin_events import apply as apply_pins
+from moesim.simulator.pin_events import first_event
 from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE
 from moesim.simulator.prefetch_state import reset as pf_reset
 from moesim.simulator.reroute import NEVER_USED
@@ -99,6 +101,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
     prm, miss_code, theta, beta = policy.prm, policy.miss, policy.theta, policy.beta
     warmup, reset_per_seq = policy.warmup_tokens, policy.reset_per_seq
     step_pin = policy.step_pin if ENGINE else False
+    adm_w = policy.admit_window  # --admission second-touch:W (0: every fetched expert is admitted)
     max_up = policy.max_uploads
     engine = (step_pin or max_up > 0) if ENGINE else False
     tier = False  # a low-bit tier (--lowbit-share): misses with a resident low-bit copy run it
@@ -137,6 +140,8 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
     prev_seq = scal[PREV_SEQ]
     decay_base = scal[DECAY_BASE]
     inc = 1.0
+    pin_ev = setup.pin_events  # a re-pinning placement's swaps (simulator/pin_events.py), at their tokens' start
+    pin_i = first_event(pin_ev, t0) if pin_ev.shape[0] else 0
 
     for t in range(T):
         tg = t0 + t  # the token's index in the whole trace
@@ -154,6 +159,9 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
             if recent:
                 for o in range(n_obj):
                     last_req[o] = NEVER_USED
+            if adm_w > 0:  # second-touch forgets the requests before the reset (the pools' counts are reset)
+                for o in range(n_obj):
+                    fo[o, LASTREQ] = -1.0
             decay_base = tg
         prev_seq = tok_seq[t]
         if uses_score and half_life > 0.0:
@@ -165,6 +173,10 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 decay_base = tg
                 inc = 1.0
         counting = tg >= warmup
+        if pin_i < pin_ev.shape[0] and pin_ev[pin_i, 0] == tg:
+            pin_i, now, link_free, stall = apply_pins(pin_ev, pin_i, tg, t, E, ob, po, ram, tiered, counting,
+                                                      tok_counts, layer_counts, timed, s_fetch_ram, s_fetch_nvme,
+                                                      s_writeback, now, link_free, stall)
         tmass = 0.0
         tk_req = tk_hit = tk_fetch = tk_evict = tk_admit = 0  # the token's frequent counters, over its layers
 
@@ -217,6 +229,12 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                     if row[r] >= 0:
                         fo[base + row[r], MARK] = step
             if ENGINE and step_pin:  # the step's hits first (in rank order), then its misses below
+                if adm_w > 0:  # the hits are its pool's requests first (second-touch counts them in that order)
+                    for r in range(k):
+                        if row[r] >= 0 and ob[base + row[r], RES] != 0:
+                            ri = po[pool, REQS]
+                            po[pool, REQS] = ri + 1
+                            fo[base + row[r], LASTREQ] = ri
                 pin.mark(row, base, step, spin)
                 n_hit, now = pinned_hits(hit, prm, pool, row, row_next, t, l, base, tick0 + E, uses_next, uses_score,
                                          inc, timed, s_vram, now, record, ob, fo, po, heap, outcome)
@@ -239,6 +257,12 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 if uses_score:
                     fo[o, SCORE] += inc
                 n_req += 1
+                second = True  # second-touch: requested within the window (always true without the rule)
+                if adm_w > 0:
+                    ri = po[pool, REQS]
+                    po[pool, REQS] = ri + 1
+                    second = fo[o, LASTREQ] >= 0.0 and ri - fo[o, LASTREQ] <= adm_w
+                    fo[o, LASTREQ] = ri
                 if ob[o, RES] != 0:
                     n_hit += 1
                     HIT(ob, fo, po, heap, prm, pool, o, tick, True)
@@ -289,7 +313,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                                 now, link_free, copy_end, stall, s_fetch_nvme if nvme else s_fetch_ram, s_vram)
                     if prefetching and pf[o] == PF_LANDED:
                         pf[o] = PF_NONE  # evicted before use, fetched again
-                    if admits:
+                    if admits and second:  # else fetched for this use only
                         if ENGINE and engine:  # --step-pin or --max-uploads
                             v, n_up = admit_engine(insert, pin_mode, prm, pool, o, tick, step, n_up, max_up, step_pin,
                                                    ob, fo, po, heap, spin, tok_counts, layer_counts, t, l, counting)
@@ -339,6 +363,12 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                                             outcome, substituted)
                 smass += lost
 
+            x = po[pool, EXTRA_EVICTIONS]  # evicted beyond the insertions' victims (slru, lirs): written back last
+            if x:
+                po[pool, EXTRA_EVICTIONS] = 0
+                n_evict += x
+                if timed:
+                    link_free = max(t_r if ov else now, link_free) + x * s_writeback
             if ENGINE and step_pin:
                 pin.restore(pin_mode, row, base, pool, ob, po, heap, spin)
             if cpu_ov:  # the CPU experts ran beside the GPU's: the later of the two ends the experts

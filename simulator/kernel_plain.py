@@ -1,4 +1,5 @@
-"""The plain replay: every miss fetched (fetch-all), none of the engine features. A template:
+"""The plain replay: every miss fetched (fetch-all) and admitted, a fixed placement, none of the engine features
+(--admission second-touch and the re-pinning placements run on the ext kernel: simulator/args.py family_of). A template:
 simulator/kernels.py compiles one copy per eviction policy, with the policy's hooks bound to HIT and
 INSERT and inlined where requests are handled. (A copy without the clock, the host-RAM tier and the
 decision record compiled in gained 1.26x on the LRU and FIFO kernel alone but 1.10x on `moesim profile` end
@@ -11,7 +12,7 @@ kernel matches count for count, second for second.
 from typing import Any
 
 from moesim.policies.miss import OUTCOME_FETCH, OUTCOME_HIT
-from moesim.policies.structures import CAP, NREQ, RES, SCORE
+from moesim.policies.structures import CAP, EXTRA_EVICTIONS, NREQ, RES, SCORE
 from moesim.simulator.counters import (
     DECAY_BASE,
     EVICTIONS,
@@ -43,6 +44,7 @@ REKEY_CALL: Any = None   # its rekey hook, out of line (rescaled scores)
 USES_NEXT = False        # the policy reads each expert's next request
 USES_SCORE = False       # ... its decayed request score
 ADMITS = True            # False for pinned placements: a fetch is for this use only
+EXTRA = False            # the policy evicts beyond its insertions' victims (registry extra_evictions: slru, lirs)
 
 
 def replay(steps, policy, setup, state, out):
@@ -146,6 +148,13 @@ def replay(steps, policy, setup, state, out):
                             link_free = max(now, link_free) + s_writeback
                 if record:
                     outcome[t, l, r] = OUTCOME_FETCH
+            if EXTRA:  # evicted beyond the insertions' victims (slru, lirs): written back last
+                x = po[pool, EXTRA_EVICTIONS]
+                if x:
+                    po[pool, EXTRA_EVICTIONS] = 0
+                    n_evict += x
+                    if timed:
+                        link_free = max(now, link_free) + x * s_writeback
             tk_req += n_req
             tk_hit += n_hit
             tk_fetch += n_fetch

@@ -53,7 +53,8 @@ def _policy_of(hook_set: str) -> registry.Eviction:
     """A policy of the hook set (the first structure kind for the generic one): its arguments type the kernel."""
     if hook_set == registry.GENERIC:
         return next(e for e in registry.EVICTIONS if e.ext_hook_set == registry.GENERIC)
-    return next(e for e in registry.EVICTIONS if e.hook_set == hook_set)
+    # (a re-pinning placement's schedule needs its parameter or a trace with domains: a fixed one types the kernel)
+    return next(e for e in registry.EVICTIONS if e.hook_set == hook_set and not e.schedules)
 
 
 @functools.cache
@@ -82,7 +83,8 @@ def _plain(v: Variant):
     ev = _policy_of(v.hook_set)
     h, called = ev.hooks(), registry.compiled_hooks(ev.hook_set)
     bindings = dict(HIT=h.hit, INSERT=h.insert, INSERT_CALL=called.insert, REKEY_CALL=called.rekey,
-                    USES_NEXT=ev.uses_next_request, USES_SCORE=ev.uses_score, ADMITS=not ev.pinned)
+                    USES_NEXT=ev.uses_next_request, USES_SCORE=ev.uses_score, ADMITS=not ev.pinned,
+                    EXTRA=ev.extra_evictions)
     return specialize(kernel_plain.replay, v.name, bindings, ev.hook_modules, _nrt=False)
 
 

@@ -33,6 +33,8 @@ class Task:
     cost: int       # index into the sweep's costs
     config: SimConfig
     replay_key: str = ""  # tasks whose configs replay identically share one replay (grid.replay_twin)
+    holdout: int = 0  # the sweep's holdout prefix (sweeps/holdout.py) in this trace's tokens, folded into config
+    grid_key: str = ""  # the key of the grid's config before the holdout folded in (measured quality joins on it)
 
 
 def replay_payload(routing, config: SimConfig, cost, ci: CI | None = None) -> dict:

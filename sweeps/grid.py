@@ -67,7 +67,8 @@ _AXIS_KEYS = {
     "prefetch": "prefetches", "prefetches": "prefetches",
     "reroute": "reroutes", "reroutes": "reroutes",
 }
-_SCALAR_KEYS = ("model", "engine", "baseline", "warm", "warmup_tokens", "reset_per_sequence", "prefetch_depth",
+_SCALAR_KEYS = ("model", "engine", "baseline", "admission", "warm", "warmup_tokens", "reset_per_sequence",
+                "prefetch_depth", "holdout",
                 "reroute_pool", "reroute_resident", "reroute_weights",
                 "overlap", "step_pin", "max_uploads", "lowbit_share", "lowbit_quant", "context", "speculative",
                 "accept")
@@ -119,6 +120,10 @@ class Grid:
     reroute_resident: str = "cache"
     reroute_weights: str = "original"
     scored: bool = True  # the traces keep candidate scores (the default grid's reroute rows need them)
+    admission: str = "always"  # which fetched experts every row but the baseline admits (SimConfig.admission)
+    # the fraction of each trace's tokens learned placements learn from, not counted (sweeps/holdout.py; None: its
+    # default when the grid has one)
+    holdout: float | None = None
 
     def override(self, **axes) -> Grid:
         """Command-line flags replace whole axes (None or an empty tuple: keep the file's)."""
@@ -192,7 +197,8 @@ def baseline_of(config: SimConfig, spec: str = DEFAULT_BASELINE) -> SimConfig:
     """The baseline policy at the config's cache size, allocation, batch, start and clock (without
     prefetch): its speed-up reference."""
     ev, miss, admit = baseline_policy(spec)
-    return canonical(dataclasses.replace(config, eviction=ev, miss=miss, admit=admit, prefetch="none",
+    return canonical(dataclasses.replace(config, eviction=ev, miss=miss, admit=admit, admission="always",
+                                         prefetch="none",
                                          prefetch_depth=1, prefetch_train=None, reroute=None, reroute_pool=None,
                                          reroute_resident="cache", reroute_weights="original",
                                          step_pin=config.step_pin and eviction_pins(ev)))
@@ -250,7 +256,8 @@ def expand(config_axes: Grid) -> list[Planned]:
                                             "prefetch_train": g.prefetch_train if prefetch == "next-layer" else None}
         rr = {} if reroute is None else {"reroute": reroute, "reroute_pool": g.reroute_pool,
                                          "reroute_resident": g.reroute_resident, "reroute_weights": g.reroute_weights}
-        return SimConfig(eviction=eviction, miss=miss, admit=admit, allocation=allocation, batch=batch,
+        return SimConfig(eviction=eviction, miss=miss, admit=admit, admission=g.admission, allocation=allocation,
+                         batch=batch,
                          warm=g.warm, warmup_tokens=g.warmup_tokens, reset_per_sequence=g.reset_per_sequence,
                          overlap=g.overlap, step_pin=g.step_pin and eviction_pins(eviction), max_uploads=g.max_uploads,
                          lowbit_share=g.lowbit_share, lowbit_quant=tier_quant(g, miss), speculative=g.speculative,
@@ -281,6 +288,14 @@ def expand(config_axes: Grid) -> list[Planned]:
 
 
 # ---------------------------------------------------------------------------------------------- parsing
+
+
+def check_holdout(value, where: str = "--holdout") -> float:
+    """A holdout fraction: 0 (learn in sample) up to, not including, 1."""
+    h = float(value)
+    if not (math.isfinite(h) and 0.0 <= h < 1.0):
+        raise MoesimError(f"{where}: holdout must be a fraction in [0, 1), got {value!r}")
+    return h
 
 
 def frange(start: float, stop: float, step: float) -> list[float]:
@@ -405,7 +420,9 @@ def grid_from_doc(doc: dict, path: str = "sweep grid") -> Grid:
             changes[_AXIS_KEYS[key]] = axis(_AXIS_KEYS[key], value)
         elif key == "prefetch_depth":
             changes[key] = _number(value, key, integer=True)
-        elif key in ("model", "engine", "baseline", "overlap", "lowbit_quant"):
+        elif key == "holdout":
+            changes[key] = check_holdout(_number(value, key, integer=False), path)
+        elif key in ("model", "engine", "baseline", "overlap", "lowbit_quant", "admission"):
             if not isinstance(value, str):
                 raise MoesimError(f"{path}: {key} must be a string")
             changes[key] = value
@@ -440,7 +457,7 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                       presets=True, baseline=None, prefetches=None, prefetch_depth=None, prefetch_train=None,
                       overlap=None, step_pin=None, max_uploads=None, lowbit_share=None, lowbit_quant=None,
                       context=None, speculative=None, accept=None, reroutes=None, reroute_pool=None,
-                      reroute_resident=None, reroute_weights=None) -> Grid:
+                      reroute_resident=None, reroute_weights=None, admission=None, holdout=None) -> Grid:
     """The sweep grid of the CLI and the API alike: ``config`` (a TOML path or a dict of its keys, or
     None), then every option given (not None) replaces its axis. Axis values are scalars or lists
     (numbers, 'START:STOP:STEP' ranges, 'none' for no admission); an explicitly empty ``misses`` keeps
@@ -470,4 +487,5 @@ def grid_from_options(config=None, *, budgets=None, slots=None, evictions=None, 
                          prefetch_train=prefetch_train, overlap=overlap, step_pin=step_pin, max_uploads=max_uploads,
                          lowbit_share=lowbit_share, lowbit_quant=lowbit_quant, context=context,
                          speculative=speculative, accept=accept, reroutes=ax("reroutes", reroutes),
-                         reroute_pool=reroute_pool, reroute_resident=reroute_resident, reroute_weights=reroute_weights)
+                         reroute_pool=reroute_pool, reroute_resident=reroute_resident, reroute_weights=reroute_weights,
+                         admission=admission, holdout=None if holdout is None else check_holdout(holdout))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 from moesim.errors import MoesimError
@@ -35,6 +36,14 @@ class TraceEntry:
                 check_stream_limit()
             self.streamed = bool(stream) if stream is not None else should_stream(self._file)
             self.path = self._file.path
+
+    @functools.cached_property
+    def n_tokens(self) -> int:
+        """The trace's tokens, from its (seq, pos) keys when it is not decoded yet (a finished sweep's rerun reads
+        those columns only)."""
+        if self._routing is not None:
+            return self._routing.n_tokens
+        return self._file.index_keys(self._file.read_keys()).n_tokens
 
     @property
     def routing(self):

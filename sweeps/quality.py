@@ -1,7 +1,8 @@
 """Sweep rows joined with quality results (``moesim emulate --grid ... -o quality.parquet``).
 
-A sweep row and a quality row describe the same policy and cache size when their ``config_key``
-(``SimConfig.key()``) is equal, and the same model when their ``model_id`` is (both name the
+A sweep row and a quality row describe the same policy and cache size when the row's ``grid_key`` (its
+config as the grid names it, before a holdout folds in: sweeps/holdout.py; ``config_key`` in older files) equals
+the quality row's ``config_key`` (``SimConfig.key()``), and the same model when their ``model_id`` is (both name the
 checkpoint as ``moesim trace hf`` does). Where a config was emulated its measured dppl is shown;
 for the policies that always run the router's first choice, the rest get the model's mass fit
 (emulator.quality.mass_fit), labelled an estimate with its r and n; the others stay empty. The
@@ -42,7 +43,9 @@ def attach_quality(rows, quality, source="the quality results"):
     fits: dict = {}
     vals, srcs, shown, kls, top1s = [], [], [], [], []
     for r in rows.iter_rows(named=True):
-        q = measured.get((r["model_id"], r["config_key"]))
+        # the policy as the grid names it: a sweep's holdout (sweeps/holdout.py) changes the replayed config's key
+        # (its warm-up, static's prefix), not the policy whose quality was measured
+        q = measured.get((r["model_id"], r.get("grid_key") or r["config_key"]))
         v = q["dppl_pct"] if q is not None else None
         kls.append(q.get("kl") if q is not None else None)
         top1s.append(q.get("top1_agreement") if q is not None else None)

@@ -66,7 +66,8 @@ def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
 
 def _baseline_row(members: list[dict], policy: tuple) -> dict | None:
     found = [r for r in members if (r["eviction"], r["miss"], r["admit"]) == policy and r["s_per_token"] is not None
-             and r.get("prefetch") in (None, "none") and r.get("reroute") in (None, "none")]  # nor reroutes
+             and r.get("prefetch") in (None, "none") and r.get("reroute") in (None, "none")  # nor reroutes
+             and r.get("admission") in (None, "always")]  # the baseline admits every fetch (older files: null)
     # one per group unless a results file mixes engine profiles for the same config: take a stable one
     return min(found, key=lambda r: r["row_key"]) if found else None
 

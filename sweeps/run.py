@@ -24,9 +24,11 @@ from typing import Any
 
 from moesim.costmodel.pricing import price_trace
 from moesim.errors import MoesimError
+from moesim.policies import registry
 from moesim.simulator.bootstrap import CI
 from moesim.simulator.config import SimConfig
 from moesim.simulator.rotation import method_for
+from moesim.sweeps import holdout
 from moesim.sweeps.executors import EXECUTORS, Task, execute
 from moesim.sweeps.grid import PRESET_ENGINES, PRESETS, Grid, expand, never_cached, replay_twin
 from moesim.sweeps.inputs import TraceEntry, load_traces
@@ -53,8 +55,9 @@ def cost_key(cost) -> str:
 
 
 def preset_names(config: SimConfig) -> str:
-    """The named presets this config is (its eviction, miss and admission match)."""
+    """The named presets this config is (its eviction, miss and admission match; presets admit every fetch)."""
     names = [n for n, p in PRESETS.items() if config.prefetch == "none" and config.reroute is None
+             and config.admission == "always"
              and (config.eviction, config.miss, config.admit) == (p["eviction"], p["miss"], p["admit"])]
     return ",".join(names)
 
@@ -63,6 +66,8 @@ def policy_label(config: SimConfig) -> str:
     if config.miss == "cpu" and never_cached(config):
         return "no cache / cpu"  # every expert on the CPU: the eviction policy never acts
     parts = [config.eviction, config.miss] + ([f"admit {config.admit:g}"] if config.admit is not None else [])
+    if config.admission != "always":
+        parts.append(config.admission)
     if config.prefetch != "none":
         parts.append(config.prefetch_label())
     if config.reroute is not None:
@@ -112,6 +117,9 @@ def check_stream(config: SimConfig, entry: TraceEntry, executor: str, ci=None) -
     if ci is not None:
         raise MoesimError(f"{entry.name}: confidence intervals (--ci) need the per-token series of an in-memory "
                           "replay; this trace is streamed (too large to decode whole, or --stream): use --no-stream")
+    if registry.get(config.eviction_name).schedules:
+        raise MoesimError(f"{entry.name}: {config.eviction_name} reads the whole routing ahead and replays in memory "
+                          "only; this trace is streamed (too large to decode whole, or --stream): use --no-stream")
     if config.batch > 1:
         raise MoesimError(f"{entry.name}: --batch replays in memory only; this trace is streamed (too large to "
                           "decode whole, or --stream): use --no-stream, or a shorter trace")
@@ -127,13 +135,16 @@ def make_rows(task: Task, payload: dict, entry: TraceEntry, cost, note: str, hw,
     t = payload["totals"]
     tm = payload["timing"]
     row = {
-        "row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(), "cost_key": ck,
+        "row_key": task.row_key, "trace_digest": entry.digest, "config_key": cfg.key(),
+        "grid_key": task.grid_key or cfg.key(), "cost_key": ck,
         "group_key": group_key(entry.digest, machine_key(cost), cfg),
         "trace": entry.name, "model_id": entry.meta.model_id, "synthetic": bool(entry.meta.synthetic),
         "label": cfg.label(), "policy": policy_label(cfg), "preset": preset_names(cfg),
-        "eviction": cfg.eviction, "miss": cfg.miss, "admit": cfg.admit, "budget": cfg.budget, "slots": cfg.slots,
+        "eviction": cfg.eviction, "miss": cfg.miss, "admit": cfg.admit, "admission": cfg.admission,
+        "budget": cfg.budget, "slots": cfg.slots,
         "slots_per_layer": payload["slots_per_layer"], "allocation": cfg.allocation, "warm": cfg.warm,
-        "warmup_tokens": cfg.warmup_tokens, "reset_per_sequence": cfg.reset_per_sequence, "batch": cfg.batch,
+        "warmup_tokens": cfg.warmup_tokens, "holdout_tokens": task.holdout,
+        "reset_per_sequence": cfg.reset_per_sequence, "batch": cfg.batch,
         "prefetch": cfg.prefetch, "prefetch_depth": cfg.prefetch_depth,
         "overlap": cfg.overlap or (cost.overlap if cost is not None else "none"),
         "step_pin": cfg.step_pin, "max_uploads": cfg.max_uploads, "lowbit_share": cfg.lowbit_share,
@@ -222,6 +233,7 @@ def plan(entries: list[TraceEntry], grid: Grid):
     grid replays there (costmodel/pricing.py): one model file per machine, whatever the cache size. The default
     grid's rerouting rows are left out unless every trace keeps candidate scores."""
     planned = expand(dataclasses.replace(grid, scored=all(e.meta.has_scores for e in entries)))
+    held_out = holdout.fraction(grid.holdout, [p.config for p in planned])
     E = {ti: e.meta.n_experts for ti, e in enumerate(entries)}
     largest: dict[tuple, int] = {}
     for ti, entry in enumerate(entries):
@@ -234,7 +246,9 @@ def plan(entries: list[TraceEntry], grid: Grid):
     cost_index: dict[tuple, int] = {}
     tasks: dict[str, Task] = {}
     for ti, entry in enumerate(entries):
+        held = holdout.tokens(held_out, entry.n_tokens) if held_out else 0
         for p in planned:
+            config = holdout.apply(p.config, held)
             engine = PRESET_ENGINES.get(preset_names(p.config), grid.engine)
             batch = p.config.batch if grid.context else 1  # the batch sizes the KV cache only
             pair = (ti, p.hw, p.quant, engine, batch)
@@ -248,9 +262,10 @@ def plan(entries: list[TraceEntry], grid: Grid):
                     notes.append(note)
             ci = cost_index[pair]
             ck = cost_key(costs[ci])
-            key = f"{entry.digest}:{p.config.key()}:{ck}"
-            twin = replay_twin(p.config)
-            tasks.setdefault(key, Task(key, ti, ci, p.config, f"{entry.digest}:{twin.key()}:{ck}"))
+            key = f"{entry.digest}:{config.key()}:{ck}"
+            twin = replay_twin(config)
+            tasks.setdefault(key, Task(key, ti, ci, config, f"{entry.digest}:{twin.key()}:{ck}", held,
+                                       p.config.key()))
     return list(tasks.values()), costs, cost_info, notes
 
 

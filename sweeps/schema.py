@@ -11,11 +11,14 @@ INTERVAL_STATISTICS = STATISTICS + ("speedup",)
 
 # One row per (trace, config, cost). Column order is the file's column order.
 ROW_SCHEMA: dict[str, str] = {
-    "row_key": "str", "trace_digest": "str", "config_key": "str", "cost_key": "str", "group_key": "str",
+    "row_key": "str", "trace_digest": "str", "config_key": "str", "grid_key": "str", "cost_key": "str",
+    "group_key": "str",
     "trace": "str", "model_id": "str", "synthetic": "bool",
     "label": "str", "policy": "str", "preset": "str",
-    "eviction": "str", "miss": "str", "admit": "f64", "budget": "f64", "slots": "i64", "slots_per_layer": "i64",
-    "allocation": "str", "warm": "bool", "warmup_tokens": "i64", "reset_per_sequence": "bool", "batch": "i64",
+    "eviction": "str", "miss": "str", "admit": "f64", "admission": "str", "budget": "f64", "slots": "i64",
+    "slots_per_layer": "i64",
+    "allocation": "str", "warm": "bool", "warmup_tokens": "i64", "holdout_tokens": "i64",
+    "reset_per_sequence": "bool", "batch": "i64",
     "prefetch": "str", "prefetch_depth": "i64", "overlap": "str",
     "step_pin": "bool", "max_uploads": "i64", "lowbit_share": "f64", "lowbit_quant": "str",
     "reroute": "str", "reroute_pool": "i64", "reroute_resident": "str", "reroute_weights": "str",

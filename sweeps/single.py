@@ -53,7 +53,7 @@ def _simulate_one(entry, config: SimConfig, hw, model, quant, engine, baseline: 
                 prefetch_train=config.prefetch_train, overlap=config.overlap, step_pin=config.step_pin,
                 max_uploads=config.max_uploads, lowbit_share=config.lowbit_share, lowbit_quant=config.lowbit_quant,
                 reroutes=[config.reroute], reroute_pool=config.reroute_pool, reroute_resident=config.reroute_resident,
-                reroute_weights=config.reroute_weights, **size)
+                reroute_weights=config.reroute_weights, admission=config.admission, holdout=0.0, **size)
     tasks, costs, cost_info, notes = plan([entry], grid)
     for task in tasks:
         check_stream(task.config, entry, "local", ci)

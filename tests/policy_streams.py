@@ -7,10 +7,27 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 from reference_policies import NOT_ADMITTED, make_policy
-from replay_helpers import fast_random_routing
+from replay_helpers import fast_random_routing, libcachesim_cache
 
 from moesim.policies import registry
-from moesim.policies.structures import HEAD, HPOS, LEN, LST, N_FO, N_LISTS, N_OB, NXT, PRV, RES, SIZE, TAIL, new_pools
+from moesim.policies.structures import (
+    EXTRA_EVICTIONS,
+    HEAD,
+    HPOS,
+    LEN,
+    LST,
+    N_FO,
+    N_LISTS,
+    N_OB,
+    NXT,
+    NXT2,
+    PRV,
+    PRV2,
+    RES,
+    SIZE,
+    TAIL,
+    new_pools,
+)
 
 LIBCACHESIM = registry.libcachesim_twins()  # eviction -> its libCacheSim class, from the policy modules
 # event kinds of a stream: a request whose miss is fetched (inserted), a request whose miss is not
@@ -27,7 +44,7 @@ def libcachesim_hits(name: str, capacity: int, stream: np.ndarray, params: dict 
     """libCacheSim's hit (True) or miss per request of a fetch-all stream (object size 1)."""
     import libcachesim as lcs
 
-    cache = getattr(lcs, LIBCACHESIM[name])(cache_size=capacity, hashpower=16, **(params or {}))
+    cache = libcachesim_cache(name, capacity, **(params or {}))
     req = lcs.Request(obj_size=1)
     get = cache.get
     out = np.zeros(len(stream), np.bool_)
@@ -99,7 +116,7 @@ def hooks_run(name: str, capacity: int, stream: np.ndarray, params: dict | None 
     """Hits and victims per event through the numba hooks; returns them and the state arrays (pass
     ``state`` back in, with ``start`` = events so far, to continue a stream)."""
     ev = registry.get(name)
-    prm = ev.kernel_params(None)
+    prm = ev.kernel_params(params.get(ev.param.key) if params and ev.param else None)
     for i, (key, _) in enumerate(ev.fixed):
         if params and key in params:
             prm[i + (1 if ev.param else 0)] = params[key]
@@ -112,16 +129,18 @@ def hooks_run(name: str, capacity: int, stream: np.ndarray, params: dict | None 
     return hits, victims, state
 
 
-def hook_lists(ob: np.ndarray, po: np.ndarray, pool: int = 0) -> list[list]:
-    """The pool's lists walked head to tail, checking their links, lengths and list ids."""
+def hook_lists(ob: np.ndarray, po: np.ndarray, pool: int = 0, second: tuple = ()) -> list[list]:
+    """The pool's lists walked head to tail, checking their links, lengths and list ids; the lists in
+    ``second`` are linked through the second link pair (PRV2/NXT2, no list id)."""
     out = []
     for q in range(N_LISTS):
         items = []
+        prv, nxt = (PRV2, NXT2) if q in second else (PRV, NXT)
         o, prev = po[pool, HEAD + 3 * q], -1
         while o != -1:
-            assert ob[o, PRV] == prev and ob[o, LST] == q, f"list {q}: broken link at object {o}"
+            assert ob[o, prv] == prev and (q in second or ob[o, LST] == q), f"list {q}: broken link at object {o}"
             items.append(int(o))
-            prev, o = o, ob[o, NXT]
+            prev, o = o, ob[o, nxt]
             assert len(items) <= ob.shape[0], f"list {q} has a cycle"
         assert po[pool, TAIL + 3 * q] == prev and po[pool, LEN + 3 * q] == len(items), f"list {q}: tail or length"
         out.append(items)
@@ -130,13 +149,19 @@ def hook_lists(ob: np.ndarray, po: np.ndarray, pool: int = 0) -> list[list]:
 
 def check_same_state(ob: np.ndarray, po: np.ndarray, policy) -> None:
     """The hooks' arrays hold what the reference object holds: the same lists in the same order,
-    the same resident set and an exact resident count."""
-    lists = hook_lists(ob, po)
-    want = policy.lists()
-    assert lists[:len(want)] == want and not any(lists[len(want):]), "lists differ from the reference"
+    the same resident set, an exact resident count, and as many evictions beyond the insertions'
+    victims (EXTRA_EVICTIONS: a policy that evicts on a hit)."""
+    try:
+        want = policy.lists()
+    except NotImplementedError:  # a policy kept in a heap: hits, victims and the resident set say it all
+        want = None
+    if want is not None:
+        lists = hook_lists(ob, po, second=getattr(registry.get(policy.name).module, "SECOND_LINKS", ()))
+        assert lists[:len(want)] == want and not any(lists[len(want):]), "lists differ from the reference"
     resident = {int(o) for o in np.nonzero(ob[:, RES])[0]}
     assert resident == {o for o in range(ob.shape[0]) if o in policy}, "resident sets differ"
     assert po[0, SIZE] == len(resident) == len(policy)
+    assert po[0, EXTRA_EVICTIONS] == len(getattr(policy, "extra_victims", ())), "evictions beyond the victims"
 
 
 def streams(rng: np.random.Generator, E: int, n: int) -> dict[str, np.ndarray]:

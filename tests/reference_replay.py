@@ -33,8 +33,15 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                      prefetch_train=None, lookahead=None, step_pin=False, max_uploads=None, lowbit_tier=0,
                      cpu_overlap=False, reroute=None, reroute_pool=None, reroute_resident="cache",
                      reroute_weights="original", logits=None, gating="softmax", selection_bias=None, rows=None,
-                     members=None, tokens=None):
-    """Counters per layer and per token (with "seconds" and "stall" per token). ``cost``: seconds per
+                     members=None, tokens=None, admission=None, repin=None, domain=None):
+    """Counters per layer and per token (with "seconds" and "stall" per token). Re-pinning placements
+    (docs/replay-semantics.md): ``eviction="repin"`` with ``repin=(N, G)``, ``eviction="static-domain"`` with
+    ``domain`` (per token, -1 for none) and ``static_prefix`` (its W); their swaps happen at the start of a token,
+    outs (evictions, written back) then ins (uploads the token waits for), each in expert order.
+    ``admission``: --admission second-touch's window W in requests of the pool (math.inf: no window; None: always
+    admit): a fetched expert is admitted only when its pool requested it within its last W requests, else it is
+    fetched for this use only; evictions a policy makes beyond its insertions' victims (extra_victims: slru,
+    lirs) count at the step's end, written back then. ``cost``: seconds per
     operation keyed by COST_KEYS (None: no clock); ``ram_cap``: host-RAM tier size in experts (None: all
     experts in host RAM), initially holding ``ram_warm`` (layer, expert) pairs, least recently used first.
     Negative ids in ``sel`` are padding (batched routing); ``wm``: the mass a substitution loses
@@ -115,6 +122,63 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         n_layers = min(L, slots * L // E)
         pinned = {(l, e) for l in range(L - n_layers, L) for e in range(E)}
 
+    swaps = {}  # re-pinning: token -> (experts out, experts in)
+    if eviction == "repin":
+        every, gain = repin
+        pools = [[o for o in objs if pool_of(o) == p] for p in cap]
+        held = [set() for _ in cap]
+        for t0_ in range(every, T, every):
+            window = {o: 0 for o in objs}
+            for t_ in range(t0_ - every, t0_):
+                for l_ in range(L):
+                    for e_ in sel[t_, l_]:
+                        if e_ >= 0:
+                            window[(l_, int(e_))] += 1
+            outs, ins = [], []
+            for p, members in enumerate(pools):
+                h = held[p]
+                while True:  # the hottest unpinned expert (lowest id on ties) against the coldest pinned (highest)
+                    free = [o for o in members if o not in h]
+                    if not free:
+                        break
+                    hot = min(free, key=lambda o: (-window[o], o))
+                    if len(h) < cap[p]:
+                        if window[hot] <= 0 or window[hot] < gain:
+                            break
+                        h.add(hot)
+                        ins.append(hot)
+                        continue
+                    cold = max(h, key=lambda o: (-window[o], o))
+                    if window[hot] - window[cold] <= 0 or window[hot] - window[cold] < gain:
+                        break
+                    h.discard(cold)
+                    h.add(hot)
+                    ins.append(hot)
+                    outs.append(cold)
+            # an expert swapped in and out at one re-estimation (not possible: it would have to be colder than the
+            # experts it displaced) would cancel; the lists are disjoint
+            swaps[t0_] = (sorted(outs), sorted(ins))
+    if eviction == "static-domain":
+        learn = T if static_prefix is None else static_prefix
+        tables = {}
+        for d in sorted({int(x) for x in domain if x >= 0}):
+            counts = {o: 0 for o in objs}
+            for t_ in range(min(T, learn)):
+                if domain[t_] == d:
+                    for l_ in range(L):
+                        for e_ in sel[t_, l_]:
+                            if e_ >= 0:
+                                counts[(l_, int(e_))] += 1
+            tables[d] = set(most_requested(counts)) if any(domain[t_] == d for t_ in range(min(T, learn))) else set()
+        first = next(t_ for t_ in range(T) if domain[t_] >= 0)
+        cur_d = int(domain[first])
+        pinned = set(tables[cur_d])
+        for t_ in range(first + 1, T):
+            d = int(domain[t_])
+            if d >= 0 and d != cur_d:
+                swaps[t_] = (sorted(tables[cur_d] - tables[d]), sorted(tables[d] - tables[cur_d]))
+                cur_d = d
+
     ov = overlap != "none" and any(v != 0.0 for v in cost.values())
     prefetching = prefetch != "none" and not eviction.startswith("static")  # pinned evictions never admit
     successors = {}
@@ -153,7 +217,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
     row_of = {} if rows is None else rows
 
     state = {}
-    pinning = eviction.startswith("static")
+    pinning = eviction.startswith("static") or eviction == "repin"
+    prefetching = prefetching and not pinning
     cur = {"now": (0, 0, -1), "router": {}, "rowpos": None}  # where Belady looks ahead from (next_use)
 
     def next_use(o):
@@ -169,7 +234,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         state["score"] = dict.fromkeys(objs, 0.0)
         state["policy"] = {} if pinning else {
             p: make_policy(eviction, cap[p], params, score=state["score"],
-                           next_use=next_use) for p in cap}
+                           next_use=next_use,
+                           token=lambda stamp: stamp[0] // L if stamp[0] >= 0 else -1) for p in cap}
         state["acc"] = dict.fromkeys(objs, 0.0)
         state["pending"] = {l: [] for l in range(L)}  # (object, completion time), in link order
         state["pf"] = {}  # object -> "inflight" | "landed" (resident, unused) | "stale" (served late, still queued)
@@ -178,6 +244,8 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
         state["decay_base"] = t
         state["clock"] = 0
         state["last_req"] = {}  # --reroute-resident recent:W: the token each expert was last requested at
+        state["reqs"] = dict.fromkeys(cap, 0)  # second-touch: each pool's requests since the reset
+        state["req_at"] = {}  # ... and the index of each expert's last one
         if warm and not pinning:
             order = list(reversed(most_requested(request_counts(T))))
             if allocation == "per-layer":
@@ -265,6 +333,23 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 inc = 1.0
         counting = t >= warmup_tokens
         tc = per_token[t]
+        outs, ins = swaps.get(t, ((), ()))
+        for o in outs:  # a swapped-out expert is evicted (written back)
+            pinned.discard(o)
+            for d in ((layer[o[0]],) if counting else ()) + (tc,):
+                d["evictions"] += 1
+            clock["link"] = max(clock["now"], clock["link"]) + cost["writeback"]
+        for o in ins:  # a swapped-in one is uploaded, a copy the token waits for
+            pinned.add(o)
+            nvme = from_nvme(o)
+            for d in ((layer[o[0]],) if counting else ()) + (tc,):
+                d["copies"] += 1
+                d["admissions"] += 1
+                d["copies_nvme"] += int(nvme)
+            start = max(clock["now"], clock["link"])
+            tc["stall"] += start - clock["now"]
+            clock["link"] = start + cost["fetch_nvme" if nvme else "fetch_ram"]
+            clock["now"] = clock["link"]
         for l in range(L):
             c = layer[l] if counting else dict.fromkeys(COUNTERS, 0) | {"mass": 0.0}
             now_step = (t, l, -1)
@@ -273,6 +358,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
             arrivals, arrivals_own, waited = [], [], 0  # overlap: the step's link-dependent experts
             link_own = clock["now"]  # the link carrying only the step's own fetches (stall)
             queue = state["pending"][l]
+            extra0 = 0 if pinning else len(getattr(state["policy"][pool_of((l, 0))], "extra_victims", ()))
             cur["router"] = {(l, int(sel[t, l, r])): r for r in range(k) if sel[t, l, r] >= 0}
             cur["rowpos"] = None
             i = 0
@@ -344,6 +430,12 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                 state["score"][o] += inc
                 c["requests"] += 1
                 tc["requests"] += 1
+                second = True  # --admission second-touch: requested within the window
+                if admission:
+                    ri, prev = state["reqs"][pool_of(o)], state["req_at"].get(o)
+                    state["reqs"][pool_of(o)] = ri + 1
+                    state["req_at"][o] = ri
+                    second = prev is not None and ri - prev <= admission
                 if resident(o):
                     decisions[(t, l, r)] = ("hit", -1)
                     c["hits"] += 1
@@ -429,7 +521,7 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                         tc["fetches_nvme"] += 1
                     if state["pf"].get(o) == "landed":
                         del state["pf"][o]
-                    if not pinning:
+                    if not pinning and second:  # else fetched for this use only
                         if max_uploads is not None and uploads >= max_uploads:
                             c["capped"] += 1
                             tc["capped"] += 1
@@ -490,6 +582,12 @@ def reference_replay(sel, w, cand, seq, n_experts, *, eviction, miss, slots, the
                     c["first_choice_substitutions"] += 1
                     tc["first_choice_substitutions"] += 1
                 background_copy(o, wr, c, tc, queue)
+            if not pinning:  # evictions beyond the insertions' victims (slru, lirs), written back at the step's end
+                extra = len(getattr(state["policy"][pool_of((l, 0))], "extra_victims", ())) - extra0
+                if extra:
+                    c["evictions"] += extra
+                    tc["evictions"] += extra
+                    clock["link"] = max(issue_time(), clock["link"]) + extra * cost["writeback"]
             if cpu_overlap:  # the CPU experts ran beside the GPU's: the later of the two ends the experts
                 clock["now"] = max(clock["now"], cpu_end)
             if c["cpu"] > cpu_before:  # the hand-off of a layer computed (partly) on the CPU

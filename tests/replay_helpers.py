@@ -62,7 +62,7 @@ def oracle_trace(path, objs: np.ndarray) -> None:
     rec.tofile(path)
 
 
-def libcachesim_misses(path, policy: str, capacity: int, n_requests: int, **params) -> int:
+def libcachesim_misses(path, policy: str, capacity: int, n_requests: int, admissioner=None, **params) -> int:
     """libCacheSim's misses replaying the oracle trace at ``path`` (its C replay); ``params``: the
     policy's libCacheSim parameters (small_size_ratio=..., init_freq=...). S3FIFO with no slot for its
     small queue (capacity < 10 at the default ratio) aborts libCacheSim 0.3.5; its answer one step up
@@ -73,13 +73,31 @@ def libcachesim_misses(path, policy: str, capacity: int, n_requests: int, **para
     if policy == "s3fifo" and int(capacity * params.get("small_size_ratio", 0.1)) == 0:
         return n_requests
 
+    reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+    ratio, _ = libcachesim_cache(policy, capacity, admissioner=admissioner, **params).process_trace(reader)
+    return int(round(ratio * n_requests))
+
+
+def libcachesim_cache(policy: str, capacity: int, admissioner=None, hashpower: int = 16, **params):
+    """A libCacheSim 0.3.5 cache of the class the eviction's module names (LIBCACHESIM), for objects of size 1;
+    a class the Python package does not wrap (CAR) is built from its C init. ``params``: the class's
+    parameters (keyword names of the Python class; key=value of the C init otherwise); ``admissioner``: a
+    libcachesim admissioner (BloomFilterAdmissioner(), ...)."""
+    import libcachesim as lcs
+
     from moesim.policies import registry
 
-    cls = getattr(lcs, registry.libcachesim_twins()[policy])
-    reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-    # a small hash table: the default (2^24 buckets per cache, three for S3FIFO) costs more than the replay
-    ratio, _ = cls(cache_size=capacity, hashpower=16, **params).process_trace(reader)
-    return int(round(ratio * n_requests))
+    name = registry.libcachesim_twins()[policy]
+    # a small hash table by default: libCacheSim's (2^24 buckets per cache, three for S3FIFO) costs more than the
+    # replay of a test's stream
+    if hasattr(lcs, name):
+        return getattr(lcs, name)(cache_size=capacity, hashpower=hashpower, admissioner=admissioner, **params)
+    from libcachesim import libcachesim_python as c
+    from libcachesim.cache import CacheBase, _create_common_params
+
+    spec = ", ".join(f"{k}={v}" for k, v in params.items())
+    return CacheBase(getattr(c, f"{name}_init")(_create_common_params(capacity, hashpower=hashpower), spec),
+                     admissioner)
 
 
 def stable_seed(*parts) -> int:

@@ -1,7 +1,8 @@
-"""The numba hooks of arc, s3fifo, sieve and clock (and of the list policies lru and fifo) against the
-reference classes, event for event on one pool: the same hits, the same victims (or refusals), and
-after each chunk of the stream the same lists in the same order and the same resident set. Streams
-mix fetched misses with misses the policy never hears of and runs as a substitute."""
+"""The numba hooks of every eviction with a reference class (tests/reference_policies.py; the list of them is
+derived from the registry) against that class, event for event on one pool: the same hits, the same victims (or
+refusals), and after each chunk of the stream the same lists in the same order (where the policy keeps lists), the
+same resident set and as many evictions beyond the victims. Streams mix fetched misses with misses the policy never
+hears of and runs as a substitute."""
 
 import numpy as np
 import pytest
@@ -22,12 +23,29 @@ from moesim.policies import registry
 from moesim.policies.hooks import NOT_ADMITTED
 from moesim.policies.structures import X0
 
-VARIANTS = [
-    ("arc", None), ("sieve", None), ("clock", None), ("s3fifo", None), ("lru", None), ("fifo", None),
+
+def registry_variants() -> list:
+    """Every eviction whose hooks the one-pool driver can run on their own: not pinned, and reading neither the
+    kernel's decayed scores nor its next requests (freq and belady are checked through the replay reference)."""
+    return [(e.name, None) for e in registry.EVICTIONS
+            if not (e.pinned or e.uses_score or e.uses_next_request)]
+
+
+VARIANTS = registry_variants() + [
     ("clock", {"init_freq": 5, "n_bit_counter": 2}),
     ("s3fifo", {"small_size_ratio": 0.25, "ghost_size_ratio": 0.5, "move_to_main_threshold": 1}),
     ("s3fifo", {"small_size_ratio": 0.3, "ghost_size_ratio": 0.0, "move_to_main_threshold": 3}),
+    ("lruk", {"k": 1}), ("lruk", {"k": 3}), ("slru", {"n_seg": 3}),
+    ("mq", {"lifetime": 20}), ("mq", {"n_queue": 3, "lifetime": 5, "qout_size_ratio": 0.5}),
+    ("twoq", {"a_in_size_ratio": 0.5, "a_out_size_ratio": 1.0}),
+    ("lfru", {"decay_tokens": 7}), ("lfru", {"decay_tokens": 50}), ("lcp", {"base": 0.5, "decay_tokens": 8}),
 ]
+
+
+def test_variants_cover_the_new_policies():
+    names = {n for n, _ in VARIANTS}
+    assert {"lirs", "slru", "twoq", "car", "lruk", "mq", "arc", "s3fifo", "sieve", "clock", "lru", "fifo", "lfuda",
+            "lcp", "lfru"} <= names
 
 
 def run_both(name, capacity, stream, params, kinds, what, chunks=4):
@@ -79,4 +97,19 @@ def test_declared_parameters_match_the_reference_defaults():
 
     for name, cls in LIBCACHESIM.items():
         defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items() if k != "capacity"}
-        assert dict(registry.get(name).fixed) == defaults, name
+        ev = registry.get(name)
+        declared = dict(ev.fixed) | ({ev.param.key: ev.param.default} if ev.param else {})
+        assert declared == defaults, name
+
+
+def test_engine_policies_declare_the_reference_defaults():
+    import inspect
+
+    from reference_policies import ENGINES
+
+    for name, cls in ENGINES.items():
+        defaults = {k: p.default for k, p in inspect.signature(cls).parameters.items()
+                    if k not in ("capacity", "token")}
+        ev = registry.get(name)
+        declared = dict(ev.fixed) | ({ev.param.key: ev.param.default} if ev.param else {})
+        assert declared == defaults, name

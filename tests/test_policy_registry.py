@@ -53,7 +53,8 @@ def test_every_policy_has_a_semantics_row_and_a_policies_line():
 def test_every_eviction_has_a_reference_implementation():
     for e in registry.EVICTIONS:
         if e.pinned:  # pinned sets: tests/reference_replay.py computes them by name
-            assert e.name in ("static", "static-layers"), f"{e.name}: add its pinned set to reference_replay"
+            assert e.name in ("static", "static-layers", "repin", "static-domain"), \
+                f"{e.name}: add its pinned set to reference_replay"
             continue
         make_policy(e.name, 4, score={}, next_use=lambda o, now: (0,))
 

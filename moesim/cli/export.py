@@ -1,4 +1,5 @@
-"""`moesim export`: a static placement as an engine takes it (llama.cpp flags, a pin list, JSON)."""
+"""`moesim export`: a static placement as an engine takes it (llama.cpp flags, a pin list, JSON), or a re-pinning
+placement's schedule."""
 
 from __future__ import annotations
 
@@ -16,14 +17,18 @@ from moesim.cli.output import FINITE, echo
 @click.option("--policy", default="static-layers", show_default=True,
               help="static-layers: whole layers on the GPU (llama.cpp --n-cpu-moe / -ot placement); static[:W]: "
                    "the most requested experts of each layer (of the first W tokens), for engines with per-expert "
-                   "caches that read pin lists.")
+                   "caches that read pin lists; repin:N[,G] and static-domain[:W]: re-pinning placements, written "
+                   "as their schedule (--format json|schedule) or, static-domain with --domain, one domain's table.")
+@click.option("--domain", default=None, metavar="NAME",
+              help="static-domain: write this domain's table (every pin-list format takes it).")
 @click.option("--format", "fmt",
-              type=click.Choice(["llama.cpp", "pins", "json", "fitz-tec", "moe-l2", "ktransformers"]),
+              type=click.Choice(["llama.cpp", "pins", "json", "fitz-tec", "moe-l2", "ktransformers", "schedule"]),
               default="llama.cpp", show_default=True,
               help="llama.cpp: --n-cpu-moe and -ot flags (static-layers only); pins: CSV of (layer, expert) kept on "
                    "the GPU, layers by their original index; json: both, with the expected hit rate and time; "
                    "fitz-tec: its EXPERT_CACHE_PIN_LIST v1; moe-l2: its router map (MOE_L2_ROUTER_FILE); "
-                   "ktransformers: its GPU-expert mask, bool [layers, experts] .npy (docs/export.md).")
+                   "ktransformers: its GPU-expert mask, bool [layers, experts] .npy; schedule: a re-pinning "
+                   "placement's swaps, CSV of token, layer, expert, in|out (docs/export.md).")
 @click.option("--allocation", type=click.Choice(["per-layer", "global"]), default="per-layer", show_default=True,
               help="static: the same number of experts per layer, or the most requested over all layers.")
 @click.option("--hw", default=None, help="Hardware preset or TOML file that prices the expected time per token.")
@@ -39,7 +44,7 @@ from moesim.cli.output import FINITE, echo
                    "ktransformers).")
 @click.option("--ci", "ci", type=FINITE, default=None, metavar="LEVEL",
               help="Also give LEVEL% confidence intervals of the expected hit rate and time (docs/uncertainty.md).")
-def command(trace, budget, slots, policy, fmt, allocation, hw, model, quant, engine, output, ci):
+def command(trace, budget, slots, policy, domain, fmt, allocation, hw, model, quant, engine, output, ci):
     """Write the experts (or whole layers) a static placement keeps on the GPU
     for TRACE, as an engine takes them, and print the hit rate and time per
     token the replay expects of it (misses computed on the CPU). Give --budget
@@ -57,7 +62,7 @@ def command(trace, budget, slots, policy, fmt, allocation, hw, model, quant, eng
     from moesim.cli.output import make_ci
 
     p = placement(trace, budget=budget, slots=slots, policy=policy, allocation=allocation, hw=hw, model=model,
-                  quant=quant, engine=engine, ci=make_ci(ci, None, "auto"))
+                  quant=quant, engine=engine, ci=make_ci(ci, None, "auto"), domain=domain)
     text = p.render(fmt)  # a llama.cpp export of a per-expert policy fails here, before anything is written
     write_placement(p, fmt, output, inputs=inputs)
     from moesim.reports.placement import with_interval
@@ -67,7 +72,8 @@ def command(trace, budget, slots, policy, fmt, allocation, hw, model, quant, eng
         if e.get("ms_per_token") is not None else ""
     note = f" (±: half the {e['ci_level']:g}% interval over {e['ci_units']}; docs/uncertainty.md)" \
         if e.get("intervals") else ""
-    echo(f"wrote {output}: {p.policy} placement, {p.slots_per_layer} slots per layer; expected hit rate "
+    what = p.policy + (f" ({p.domain} table)" if p.domain else "")
+    echo(f"wrote {output}: {what} placement, {p.slots_per_layer} slots per layer; expected hit rate "
          f"{with_interval(e, 'hit_rate', 100, '.1f')}%{timed}{note}")
     if fmt == "llama.cpp":
         click.echo("".join(line + "\n" for line in text.splitlines() if not line.startswith("#")), nl=False)

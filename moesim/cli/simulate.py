@@ -45,14 +45,18 @@ def policy_options(f):
                           "copies overlap its resident compute; the link is synchronized per layer), cross-layer "
                           "(copies also run while later layers compute). Default: the engine profile's "
                           "(docs/replay-semantics.md)."),
-        STEP_PIN_OPTION, MAX_UPLOADS_OPTION, LOWBIT_SHARE_OPTION, LOWBIT_QUANT_OPTION, SPECULATIVE_OPTION,
-        ACCEPT_OPTION, *REROUTE_OPTIONS,
+        ADMISSION_OPTION, STEP_PIN_OPTION, MAX_UPLOADS_OPTION, LOWBIT_SHARE_OPTION, LOWBIT_QUANT_OPTION,
+        SPECULATIVE_OPTION, ACCEPT_OPTION, *REROUTE_OPTIONS,
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
 
 
+ADMISSION_HELP = ("Which fetched experts are cached: always, or second-touch[:W]: only an expert its pool requested "
+                  "before (within its last W requests), else it runs for that use only (docs/replay-semantics.md).")
+ADMISSION_OPTION = click.option("--admission", default="always", show_default=True, metavar="always|second-touch[:W]",
+                                help=ADMISSION_HELP)
 STEP_PIN_OPTION = click.option(
     "--step-pin", is_flag=True, default=None,
     help="Engine step semantics (llama.cpp expert caches, moe-l2): a step's hits run first and its own experts are "
@@ -130,10 +134,12 @@ STREAM_OPTION = click.option(
 
 def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                 batch=1, prefetch="none", prefetch_depth=1, prefetch_train=None, overlap=None, step_pin=False,
-                max_uploads=None, lowbit_share=None, lowbit_quant=None, speculative=0, accept=None, **reroute):
+                max_uploads=None, lowbit_share=None, lowbit_quant=None, speculative=0, accept=None,
+                admission="always", **reroute):
     from moesim.simulator import SimConfig
 
-    return SimConfig(eviction=eviction, miss=miss, admit=admit, budget=budget, slots=slots, allocation=allocation,
+    return SimConfig(eviction=eviction, miss=miss, admit=admit, admission=admission, budget=budget, slots=slots,
+                     allocation=allocation,
                      warm=warm, warmup_tokens=warmup_tokens, reset_per_sequence=reset_per_sequence, batch=batch,
                      prefetch=prefetch, prefetch_depth=prefetch_depth, prefetch_train=prefetch_train, overlap=overlap,
                      step_pin=bool(step_pin), max_uploads=max_uploads, lowbit_share=lowbit_share,
@@ -153,7 +159,7 @@ def make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_t
 @STREAM_OPTION
 @FORMAT_OPTION
 def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
-            batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads, lowbit_share,
+            batch, prefetch, prefetch_depth, prefetch_train, overlap, admission, step_pin, max_uploads, lowbit_share,
             lowbit_quant, speculative, accept, reroute, reroute_pool, reroute_resident, reroute_weights, hw, model,
             quant, engine, context, per_token, baseline, ci, ci_resamples, ci_unit, ci_method, stream, fmt):
     """Replay TRACE through one cache policy and print hit, miss, substitution
@@ -172,7 +178,8 @@ def command(trace, eviction, miss, admit, budget, slots, allocation, warm, warmu
         check_output(per_token, inputs)
     config = make_config(eviction, miss, admit, budget, slots, allocation, warm, warmup_tokens, reset_per_sequence,
                          batch, prefetch, prefetch_depth, prefetch_train, overlap, step_pin, max_uploads,
-                         lowbit_share, lowbit_quant, speculative, accept, reroute=reroute, reroute_pool=reroute_pool,
+                         lowbit_share, lowbit_quant, speculative, accept, admission=admission, reroute=reroute,
+                         reroute_pool=reroute_pool,
                          reroute_resident=reroute_resident, reroute_weights=reroute_weights)
     intervals = make_ci(ci, ci_resamples, ci_unit, ci_method)
     one = simulate_one(trace, config, hw=hw, model=model, quant=quant, engine=engine, baseline=baseline,

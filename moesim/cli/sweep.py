@@ -6,6 +6,7 @@ import click
 
 from moesim.cli.output import FINITE, FiniteRange, Progress, ci_options, make_ci
 from moesim.cli.simulate import (
+    ADMISSION_HELP,
     EVICTION_HELP,
     LOWBIT_QUANT_OPTION,
     LOWBIT_SHARE_OPTION,
@@ -64,6 +65,12 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @click.option("--warmup-tokens", type=int, default=None, help="Replay but do not count the first W tokens.")
 @click.option("--reset-per-sequence/--no-reset-per-sequence", default=None,
               help="Empty the cache at each new sequence (default: no).")
+@click.option("--admission", default=None, metavar="always|second-touch[:W]",
+              help=ADMISSION_HELP + " Every row but the baseline (default: always).")
+@click.option("--holdout", type=float, default=None, metavar="F",
+              help="Learn the static placements (static, static-domain) from the first fraction F of each trace's "
+                   "tokens and count only the tokens after them, in every row: out of sample (default: 0.25 when the "
+                   "grid has such a placement, else 0; 0 learns them from the counted tokens themselves).")
 @STEP_PIN_OPTION
 @MAX_UPLOADS_OPTION
 @LOWBIT_SHARE_OPTION
@@ -142,8 +149,8 @@ def print_results(df, fmt: str, top: int | None, header: dict, *, max_mass: floa
 @ci_options
 @STREAM_OPTION
 def command(traces, budget, slots, eviction, miss, theta, admit, allocation, batch, warm, warmup_tokens,
-            reset_per_sequence, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model, quant, engine,
-            speculative, accept, context, config,
+            reset_per_sequence, admission, holdout, step_pin, max_uploads, lowbit_share, lowbit_quant, hw, model,
+            quant, engine, speculative, accept, context, config,
             output, fmt, jobs, executor, top, baseline, rank_by, max_mass, wide, flush_every, quality, max_dppl,
             max_kl, report_dir, reroute, reroute_pool, reroute_resident, reroute_weights, prefetch, prefetch_depth,
             prefetch_train, overlap, ci, ci_resamples, ci_unit, ci_method, stream):
@@ -204,7 +211,7 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
                              overlap=overlap, step_pin=step_pin, max_uploads=max_uploads, lowbit_share=lowbit_share,
                              lowbit_quant=lowbit_quant, context=context, speculative=speculative, accept=accept,
                              reroutes=given(reroute), reroute_pool=reroute_pool, reroute_resident=reroute_resident,
-                             reroute_weights=reroute_weights)
+                             reroute_weights=reroute_weights, admission=admission, holdout=holdout)
     with Progress("sweep") as bar:
         out = run_sweep(list(traces), grid, output=output, jobs=jobs, executor=executor, progress=bar,
                         flush_seconds=flush_every, rank_by=rank_by, ci=intervals, stream=stream)
@@ -223,7 +230,8 @@ def command(traces, budget, slots, eviction, miss, theta, admit, allocation, bat
     header = {"traces": list(traces), "synthetic": synthetic, "ranked_by": distinct("ranked_by"),
               "baseline": distinct("baseline"), "priced_as": out.notes, "quant_choice": distinct("quant_choice"),
               "fits_in_vram": bool(df["fits_in_vram"].fill_null(True).all()) if df.height else True,
-              "max_mass": max_mass}
+              "max_mass": max_mass,
+              "holdout_tokens": sorted({v for v in df["holdout_tokens"].to_list() if v}) if df.height else []}
     from moesim.reports.tables import ci_header, lower_bound
 
     groups: dict[str, list[dict]] = {}
