@@ -301,7 +301,8 @@ def _run(entries: list[TraceEntry], grid: Grid, output, jobs, executor: str, pro
 
     tasks, costs, cost_info, notes = plan(entries, grid)
     inputs = [e.path for e in entries if e.path is not None] + [grid.prefetch_train]
-    facts = {e.digest: (e.meta.model_id, e.meta.n_experts, None) for e in entries}
+    resuming = output is not None and os.path.exists(output)  # stored rows checked against the traces' token counts
+    facts = {e.digest: (e.meta.model_id, e.meta.n_experts, e.n_tokens if resuming else None) for e in entries}
     store = ResultStore(output, inputs=inputs, baseline=grid.baseline, rank_by=rank_by, traces=facts)
     todo = [t for t in tasks if t.row_key not in store or (
         ci is not None and not store.has_units(t.row_key, ci.unit, method_for(replay_twin(t.config), ci.method)))]
