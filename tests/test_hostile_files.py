@@ -110,6 +110,12 @@ def test_empty_and_foreign_quality_files(sweep, tmp_path):
                                                                     "the sweep's model 'Qwen/Qwen3-30B-A3B'")
     res = invoke("sweep", sweep[0], *LRU, "--quality", write_quality(tmp_path / "ok.parquet"))
     assert res.exit_code == 0 and "~+6.59" in res.output, res.output  # the fit's estimate for speed-first
+    # a report of another model's quality results beside this trace: drawn, with a note saying whose they are
+    res = invoke("report", sweep[1], "--trace", sweep[0], "--quality", other, "-o", tmp_path / "rep-other")
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "rep-other"
+    texts = [f.read_text(errors="replace") for f in out.iterdir() if f.suffix in (".html", ".json")]
+    assert any("the quality results are of some/other-model, not of Qwen/Qwen3-30B-A3B" in t for t in texts)
 
 
 # ---------------------------------------------------------------------------------------------- flags
