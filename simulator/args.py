@@ -64,7 +64,7 @@ class Steps(NamedTuple):
     tok_cand: np.ndarray   # [tokens, L, M] int16: ... their candidates, else empty
 
 
-NO_MEMBERS = dict(members=np.zeros((0, 0), np.int64), tok_sel=np.zeros((0, 0, 0), np.int16),
+NO_MEMBERS: dict[str, np.ndarray] = dict(members=np.zeros((0, 0), np.int64), tok_sel=np.zeros((0, 0, 0), np.int16),
                   tok_w=np.zeros((0, 0, 0), np.float32), tok_cand=np.zeros((0, 0, 0), np.int16))
 
 
