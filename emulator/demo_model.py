@@ -57,13 +57,14 @@ def main(argv=None) -> int:
         print("demo_model: error: write the checkpoint outside the repository (--out)", file=sys.stderr)
         return 2
     try:
-        from moesim.emulator.demo_data import sources, split
+        from moesim.emulator.demo_data import kept_split, sources, split
         from moesim.emulator.demo_train import train
 
         recipe = Recipe(steps=a.steps, seq_len=a.seq_len, batch=a.batch, lr=a.lr, seed=a.seed, aux=a.aux,
                         locality=a.locality, domain=a.domain)
         config = {**CONFIG, "max_position_embeddings": a.seq_len}
-        m = train(a.out, recipe, config=config, texts=split(sources()), threads=a.threads,
+        kept = kept_split(a.out / "train_state", a.branch_from / "train_state" if a.branch_from else None)
+        m = train(a.out, recipe, config=config, texts=kept or split(sources()), threads=a.threads,
                   branch_from=a.branch_from, branch_at=a.branch_at, log=lambda s: print(s, flush=True))
         assert m is not None
     except MoesimError as e:
