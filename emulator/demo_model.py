@@ -6,9 +6,10 @@ machine has offline, so perplexity means something (random weights make it meani
 
 Three domains held out by file (emulator/demo_data.py); architecture: 6 layers, 32 experts, top-4,
 hidden 128, 512-token context, a 4,096-token byte-level BPE trained on the training split; 800 AdamW
-steps of 8 x 512 tokens (~30 CPU minutes on one core). Deterministic (fixed seeds, files sorted,
+steps of 8 x 512 tokens (27 CPU minutes on one core, 40 minutes of wall time under nice on a shared
+2-core machine; held-out perplexity 98, docs/emulator.md). Deterministic (fixed seeds, files sorted,
 one thread by default). Interrupted, the same command resumes from the last checkpoint (every 25
-steps). ``--locality`` / ``--domain`` weigh the locality study's router terms (emulator/demo_train.py);
+steps) and the text split the run kept (train_state/texts.json.gz). ``--locality`` / ``--domain`` weigh the locality study's router terms (emulator/demo_train.py);
 with ``--from BASELINE`` a variant continues from the state the baseline kept at its branch step
 (2/3 of the steps), so only the last third is trained again. Writes the checkpoint, its tokenizer,
 one evaluation text per domain (eval_<domain>.txt) and train_manifest.json (recipe, sources, sizes,
