@@ -12,7 +12,8 @@ pools). Then the locality tax against rerouting (the study's Table 6): for every
 at --budget with and without each --reroute, emulated (closed loop), its perplexity against the
 *baseline's* unmodified perplexity on the same tokens (the locality tax and the rerouting's cost together),
 the KL divergence of its next-token distribution from that model's own unmodified one (the rerouting's
-alone), and the misses it avoids against the baseline's LRU misses. Prints two Markdown tables; --json writes every number.
+alone), and the misses it avoids against the baseline's LRU misses. Prints two Markdown tables; --json
+writes every number.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ hidden 128, 512-token context, a 4,096-token byte-level BPE trained on the train
 steps of 8 x 512 tokens (27 CPU minutes on one core, 40 minutes of wall time under nice on a shared
 2-core machine; held-out perplexity 98, docs/emulator.md). Deterministic (fixed seeds, files sorted,
 one thread by default). Interrupted, the same command resumes from the last checkpoint (every 25
-steps) and the text split the run kept (train_state/texts.json.gz). ``--locality`` / ``--domain`` weigh the locality study's router terms (emulator/demo_train.py);
-with ``--from BASELINE`` a variant continues from the state the baseline kept at its branch step
-(2/3 of the steps), so only the last third is trained again. Writes the checkpoint, its tokenizer,
+steps) and the text split the run kept (train_state/texts.json.gz). ``--locality`` / ``--domain``
+weigh the locality study's router terms (emulator/demo_train.py, docs/locality-study.md); with
+``--from BASELINE`` a variant continues from the state the baseline kept at its branch step (2/3 of
+the steps), so only the last third is trained again. Writes the checkpoint, its tokenizer,
 one evaluation text per domain (eval_<domain>.txt) and train_manifest.json (recipe, sources, sizes,
 digests, the loss curve with held-out perplexity) into --out, never into the repository.
 """
