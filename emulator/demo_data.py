@@ -8,20 +8,28 @@ file for evaluation, and the byte-level BPE trained on the training split.
   license files of the installed Python packages (``*.dist-info/LICENSE*``).
 
 Files are sorted and a file is held out when zlib.crc32 of its name % 8 == 0, so the split is fixed
-by the sources (docs/emulator.md says when the legal domain is not fixed across machines).
+by the sources (docs/emulator.md says when the legal domain is not fixed across machines). A training
+run keeps the split it trained on (``train_state/texts.json.gz``) and a resumed run or a variant reads
+that, not the sources again: installing a Debian package changes the legal domain.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import sysconfig
 import zlib
 from pathlib import Path
+
+from moesim.errors import MoesimError
+from moesim.files import atomic
 
 DOMAINS = ("code", "docs", "legal")
 HELD_OUT = 8          # a file is held out for evaluation when crc32(name) % HELD_OUT == 0
 EVAL_CHARS = 60_000   # characters of each domain's evaluation text
 CAP_CHARS = 3_000_000  # training characters kept per domain (the largest source is capped)
+KEPT = "texts.json.gz"  # the split a run trained on, in its train_state/ folder
 
 
 def _held_out(name: str) -> bool:
@@ -69,6 +77,29 @@ def split(src: dict) -> tuple[dict[str, str], dict[str, str], dict]:
                    "eval_sha256": hashlib.sha256(evals[d].encode()).hexdigest()[:16],
                    "names": [n for n, _ in files][:5] + (["..."] if len(files) > 5 else [])}
     return train, evals, info
+
+
+def save_split(texts: tuple[dict, dict, dict], path: Path) -> None:
+    train, evals, info = texts
+    with atomic(path) as tmp, gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump({"train": train, "eval": evals, "info": info}, f)
+
+
+def load_split(path: Path) -> tuple[dict[str, str], dict[str, str], dict]:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            doc = json.load(f)
+        return doc["train"], doc["eval"], doc["info"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MoesimError(f"{path}: not a readable demo-model text split ({type(e).__name__})") from None
+
+
+def kept_split(*state_dirs: Path | None) -> tuple[dict[str, str], dict[str, str], dict] | None:
+    """The split kept in the first of ``state_dirs`` that holds one (a run's own, then its baseline's)."""
+    for d in state_dirs:
+        if d is not None and (d / KEPT).exists():
+            return load_split(d / KEPT)
+    return None
 
 
 def make_tokenizer(texts: list[str], vocab: int):

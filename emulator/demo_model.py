@@ -6,11 +6,13 @@ machine has offline, so perplexity means something (random weights make it meani
 
 Three domains held out by file (emulator/demo_data.py); architecture: 6 layers, 32 experts, top-4,
 hidden 128, 512-token context, a 4,096-token byte-level BPE trained on the training split; 800 AdamW
-steps of 8 x 512 tokens (~30 CPU minutes on one core). Deterministic (fixed seeds, files sorted,
+steps of 8 x 512 tokens (27 CPU minutes on one core, 40 minutes of wall time under nice on a shared
+2-core machine; held-out perplexity 98, docs/emulator.md). Deterministic (fixed seeds, files sorted,
 one thread by default). Interrupted, the same command resumes from the last checkpoint (every 25
-steps). ``--locality`` / ``--domain`` weigh the locality study's router terms (emulator/demo_train.py);
-with ``--from BASELINE`` a variant continues from the state the baseline kept at its branch step
-(2/3 of the steps), so only the last third is trained again. Writes the checkpoint, its tokenizer,
+steps) and the text split the run kept (train_state/texts.json.gz). ``--locality`` / ``--domain``
+weigh the locality study's router terms (emulator/demo_train.py, docs/locality-study.md); with
+``--from BASELINE`` a variant continues from the state the baseline kept at its branch step (2/3 of
+the steps), so only the last third is trained again. Writes the checkpoint, its tokenizer,
 one evaluation text per domain (eval_<domain>.txt) and train_manifest.json (recipe, sources, sizes,
 digests, the loss curve with held-out perplexity) into --out, never into the repository.
 """
@@ -57,13 +59,14 @@ def main(argv=None) -> int:
         print("demo_model: error: write the checkpoint outside the repository (--out)", file=sys.stderr)
         return 2
     try:
-        from moesim.emulator.demo_data import sources, split
+        from moesim.emulator.demo_data import kept_split, sources, split
         from moesim.emulator.demo_train import train
 
         recipe = Recipe(steps=a.steps, seq_len=a.seq_len, batch=a.batch, lr=a.lr, seed=a.seed, aux=a.aux,
                         locality=a.locality, domain=a.domain)
         config = {**CONFIG, "max_position_embeddings": a.seq_len}
-        m = train(a.out, recipe, config=config, texts=split(sources()), threads=a.threads,
+        kept = kept_split(a.out / "train_state", a.branch_from / "train_state" if a.branch_from else None)
+        m = train(a.out, recipe, config=config, texts=kept or split(sources()), threads=a.threads,
                   branch_from=a.branch_from, branch_at=a.branch_at, log=lambda s: print(s, flush=True))
         assert m is not None
     except MoesimError as e:

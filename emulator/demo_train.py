@@ -21,7 +21,8 @@ A run keeps ``train_state/`` in its output folder: the tokenizer, ``latest.pt`` 
 schedule and sampler state, rewritten atomically every ``checkpoint_every`` steps; a restarted run
 with the same recipe and text resumes from it, bit for bit) and ``branch.pt`` (the state after
 ``branch_at`` steps, kept: a variant with other router-term weights continues from it with the same
-data order and learning-rate schedule, so it differs from the baseline in those weights only).
+data order and learning-rate schedule, so it differs from the baseline in those weights only), and
+``texts.json.gz``, the text split it trained on (demo_data.kept_split: what a resume or a variant reads).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from moesim.emulator.demo_data import KEPT, make_tokenizer, save_split
 from moesim.errors import MoesimError
 from moesim.files import atomic, write_text
 
@@ -185,12 +187,12 @@ def train(out: Path, recipe: Recipe, *, config: dict, texts: tuple[dict, dict, d
                   "recipe": ckpt["recipe"]}
         log(f"branching off {src} at step {ckpt['step']}")
     else:
-        from moesim.emulator.demo_data import make_tokenizer
-
         tok = make_tokenizer([tr[d] for d in domains], recipe.vocab)
     if not (state_dir / "tokenizer").exists():
         state_dir.mkdir(parents=True, exist_ok=True)
         tok.save_pretrained(state_dir / "tokenizer")
+    if not (state_dir / KEPT).exists():   # a resume reads this text, whatever the machine installed since
+        save_split((tr, ev, {d: dict(info[d]) for d in domains}), state_dir / KEPT)
 
     data = {d: np.asarray(tok(tr[d], add_special_tokens=False)["input_ids"], dtype=np.int64) for d in domains}
     evals = {d: np.asarray(tok(ev[d], add_special_tokens=False)["input_ids"], dtype=np.int64) for d in domains}

@@ -233,8 +233,10 @@ def build(routing: Routing, config: SimConfig, cost: Any = None, record: bool = 
     cand = np.ascontiguousarray(run.cand, dtype=np.int16)
     batched = members is not None and config.reroute is not None  # each member rerouted on its own
     tok = routing if batched else run
-    tok_cand = np.ascontiguousarray(tok.cand, dtype=np.int16)
-    logits, score = step_scores(tok, config, np.ascontiguousarray(tok.sel), tok_cand)
+    tok_cand, logits, score = step_scores(tok, config, np.ascontiguousarray(tok.sel, dtype=np.int16),
+                                          np.ascontiguousarray(tok.cand, dtype=np.int16))
+    if not batched:
+        cand = tok_cand
     by_member = NO_MEMBERS
     if batched:
         by_member = dict(members=np.ascontiguousarray(members, dtype=np.int64),
@@ -383,22 +385,38 @@ def step_policy(config: SimConfig, source: Any) -> dict:
 
 
 def step_scores(run: Any, config: SimConfig, sel: np.ndarray, cand: np.ndarray, meta: Any = None
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """(logits, selection scores) [T, L, M] float32 of the candidates for a step policy, else empty arrays;
-    ``run``: a Routing or a streamed chunk (its ``logits``; ``meta`` then the store's)."""
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(candidates, logits, selection scores) [T, L, M] of a step policy, else (``cand``, empty, empty);
+    ``run``: a Routing or a streamed chunk (its ``logits``; ``meta`` then the store's). A step whose
+    selection is a top k of its candidates' scores only by a tie (the model took a candidate of the same
+    score as one ranked before it, which the trace ranks lower id first) gets its candidates reordered,
+    the selected first among equal scores, so the top k the step policy re-takes is the model's own."""
     empty = np.zeros((0, 0, 0), np.float32)
     if config.reroute is None:
-        return empty, empty
+        return cand, empty, empty
     logits = getattr(run, "logits", None)
     if logits is None:
         raise MoesimError("--reroute needs the candidates' scores, which this trace does not keep")
+    meta = run.meta if meta is None else meta
     k = sel.shape[2]
-    if not (np.sort(sel, axis=2) == np.sort(cand[:, :, :k], axis=2)).all():
-        raise MoesimError("--reroute needs each step's selection to be the top k of its candidates' scores; this "
-                          "trace stores a selection of its own (a model's selected column): rerouting would change "
-                          "steps its bias never touched")
     logits = np.ascontiguousarray(logits, dtype=np.float32)
-    return logits, selection_scores(logits, cand, run.meta if meta is None else meta)
+    score = selection_scores(logits, cand, meta)
+    off = ~(np.sort(sel, axis=2) == np.sort(cand[:, :, :k], axis=2)).all(axis=2)
+    if off.any():
+        cand, logits, score = cand.copy(), logits.copy(), score.copy()
+        t, l = np.nonzero(off)
+        c, x, s = cand[t, l], logits[t, l], score[t, l]
+        chosen = (c[:, :, None] == sel[t, l][:, None, :]).any(axis=2)
+        group = np.concatenate([np.zeros((len(t), 1), np.int64), np.cumsum(s[:, 1:] != s[:, :-1], axis=1)], axis=1)
+        order = np.argsort(2 * group + ~chosen, axis=1, kind="stable")
+        cand[t, l] = np.take_along_axis(c, order, axis=1)
+        logits[t, l] = np.take_along_axis(x, order, axis=1)
+        score[t, l] = np.take_along_axis(s, order, axis=1)
+        if not (np.sort(sel[t, l], axis=1) == np.sort(cand[t, l, :k], axis=1)).all():
+            raise MoesimError("--reroute needs each step's selection to be the top k of its candidates' scores; "
+                              "this trace stores a selection of its own (a model's selected column): rerouting "
+                              "would change steps its bias never touched")
+    return cand, logits, score
 
 
 def selection_scores(logits: np.ndarray, cand: np.ndarray, meta) -> np.ndarray:

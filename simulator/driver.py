@@ -171,8 +171,9 @@ def _simulate_stream(store: DecodedStore, config: SimConfig, cost, record: bool,
     what += ("logits",) if rerouting else ()
     for c in store.chunks(n, what=what, next_req=ev.uses_next_request):
         m = len(c.seq)
-        logits, score = step_scores(c, config, c.sel, c.cand, store.meta) if rerouting else (no_scores, no_scores)
-        steps = Steps(sel=c.sel, w=c.w, wm=c.w, cand=c.cand, next_req=c.next_req, first_req=first, tok_seq=c.seq,
+        cand, logits, score = step_scores(c, config, c.sel, c.cand, store.meta) if rerouting else \
+            (c.cand, no_scores, no_scores)
+        steps = Steps(sel=c.sel, w=c.w, wm=c.w, cand=cand, next_req=c.next_req, first_req=first, tok_seq=c.seq,
                       t0=c.t0, look=no_look, logits=logits, score=score, **NO_MEMBERS)
         # the kernel adds into tok_counts: fresh zeros a chunk (counter-major; untouched pages cost nothing)
         bufs.tok_displaced[:m] = 0.0

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from moesim.emulator.demo_data import kept_split  # noqa: E402
 from moesim.emulator.demo_train import Recipe, router_terms, train  # noqa: E402
 from moesim.errors import MoesimError  # noqa: E402
 
@@ -57,6 +58,15 @@ def test_resume_is_the_uninterrupted_run(tmp_path):
     assert [c["step"] for c in m["loss_curve"] if "loss" in c] == [0, 5]
     with pytest.raises(MoesimError, match="already holds a trained model"):
         train(tmp_path / "cut", RECIPE, config=TINY, texts=texts(), log=lambda s: None)
+
+
+def test_a_run_keeps_the_text_it_trained_on(tmp_path):
+    # a resume or a variant reads the kept split: installing a Debian package changes the legal domain's sources
+    assert train(tmp_path / "m", RECIPE, config=TINY, texts=texts(), stop_at=2, log=lambda s: None) is None
+    kept = kept_split(tmp_path / "nowhere", tmp_path / "m" / "train_state")
+    assert kept is not None and kept[:2] == texts()[:2] and kept[2] == texts()[2]
+    assert train(tmp_path / "m", RECIPE, config=TINY, texts=kept, log=lambda s: None) is not None
+    assert kept_split(tmp_path / "nowhere") is None
 
 
 def test_a_resume_with_other_settings_is_refused(tmp_path):

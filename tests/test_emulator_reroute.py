@@ -145,10 +145,7 @@ def test_closed_loop_trace_replays_to_the_emulators_counters(emulator, tmp_path)
     config = SimConfig(**REROUTED, reroute="bias:0.25")
     out = tmp_path / "closed.parquet"
     run = emulator.run(config, trace_out=out)
-    try:
-        replayed = simulate(load_trace(out), config).totals()
-    except MoesimError as e:   # the replay's rerouting not wired for traces yet
-        pytest.skip(f"needs the replay's rerouting: {e}")
+    replayed = simulate(load_trace(out), config).totals()
     emulated = run.result.totals()
     assert emulated["rerouted"] > 0
     for key in ("requests", "hits", "misses", "fetches", "substitutions", "drops", "admissions", "evictions",
@@ -158,15 +155,11 @@ def test_closed_loop_trace_replays_to_the_emulators_counters(emulator, tmp_path)
     assert replayed["displaced_mass"] == pytest.approx(emulated["displaced_mass"], rel=1e-9)
 
 
-def test_closed_loop_trace_replays_to_the_emulators_counters_through_the_cli(qwen, texts, tmp_path):
-    from moesim.cli.simulate import command as simulate_command
-
-    if not any(o.name == "reroute" for o in simulate_command.params):
-        pytest.skip("needs the replay's rerouting (moesim simulate --reroute)")
+@pytest.mark.parametrize("reroute", [["bias:0.25"], ["keep:2", "--reroute-resident", "recent:4"]])
+def test_closed_loop_trace_replays_to_the_emulators_counters_through_the_cli(qwen, texts, tmp_path, reroute):
     model_dir, _, _ = qwen
     out = tmp_path / "closed.parquet"
-    args = ["-e", "lru", "-m", "threshold:0.15", "--admit", "0.5", "--slots", "5", "--reroute", "keep:2",
-            "--reroute-resident", "recent:4"]
+    args = ["-e", "lru", "-m", "threshold:0.15", "--admit", "0.5", "--slots", "5", "--reroute", *reroute]
     src = ["--text", str(texts[0]), "--text", str(texts[1]), "--domain", "prose", "--domain", "code"]
     res = CliRunner().invoke(cli, ["emulate", str(model_dir), *src, "--window", str(WINDOW), "--max-tokens",
                                    str(MAX_TOKENS), *args, "--format", "json", "-o", str(out)])
