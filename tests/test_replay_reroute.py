@@ -64,6 +64,18 @@ def _reference(routing, config, cost=None, rows=None):
         gating=routing.meta.gating, rows=rows)
 
 
+def _clock(L):
+    """A machine's CostParams with round numbers and the reference's cost keys for them (L layers)."""
+    p = dataclasses.replace(cost_params("qwen3-30b-a3b", "q4_k_m", "rtx3090-pcie4"), s_dense=0.01 * L,
+                            s_dense_per_seq=0.0, s_expert_vram=0.002, s_fetch_ram=0.05, s_fetch_nvme=0.2,
+                            s_copy_link=0.04, s_copy_nvme=0.15, s_writeback=0.003, ram_expert_capacity=10 ** 6,
+                            unified=False, s_router_sync=0.001)
+    return p, dict.fromkeys(COST_KEYS, 0.0) | {
+        "dense_layer": p.s_dense / L, "vram": p.s_expert_vram, "fetch_ram": p.s_fetch_ram,
+        "fetch_nvme": p.s_fetch_nvme, "copy_ram": p.s_copy_link, "copy_nvme": p.s_copy_nvme,
+        "writeback": p.s_writeback, "router_sync": p.s_router_sync}
+
+
 def _check(res, layers, tokens, L):
     for i, name in enumerate(COUNTERS):
         assert res.counts[:, i].tolist() == [layers[l][name] for l in range(L)], name
@@ -98,18 +110,11 @@ def test_kernel_matches_reference(eviction):
 
 
 def test_sigmoid_gating_and_step_pin_and_the_clock():
-    base = cost_params("qwen3-30b-a3b", "q4_k_m", "rtx3090-pcie4")
     with seeded_rng("reroute-clock") as rng:
         for sigmoid in (False, True):
             routing = scored_routing(rng, 30, 2, 10, 3, 7, sigmoid=sigmoid)
             L = routing.n_layers
-            p = dataclasses.replace(base, s_dense=0.01 * L, s_dense_per_seq=0.0, s_expert_vram=0.002, s_fetch_ram=0.05,
-                                    s_fetch_nvme=0.2, s_copy_link=0.04, s_copy_nvme=0.15, s_writeback=0.003,
-                                    ram_expert_capacity=10 ** 6, unified=False, s_router_sync=0.001)
-            cost = dict.fromkeys(COST_KEYS, 0.0) | {
-                "dense_layer": p.s_dense / L, "vram": p.s_expert_vram, "fetch_ram": p.s_fetch_ram,
-                "fetch_nvme": p.s_fetch_nvme, "copy_ram": p.s_copy_link, "copy_nvme": p.s_copy_nvme,
-                "writeback": p.s_writeback, "router_sync": p.s_router_sync}
+            p, cost = _clock(L)
             for eviction, step_pin in (("lru", False), ("belady", True), ("lfu", True), ("freq", False)):
                 config = SimConfig(eviction=eviction, miss="threshold:0.2", slots=3, reroute="bias:0.5", admit=0.3,
                                    step_pin=step_pin, overlap="none")
@@ -136,17 +141,10 @@ def test_the_identities_are_the_plain_replay(rule):
 @pytest.mark.parametrize("eviction", ["lru", "belady", "freq", "arc"])
 def test_batched_matches_reference(eviction):
     """Batched: each member's row rerouted at the step's residency, the step the union; counted per member."""
-    base = cost_params("qwen3-30b-a3b", "q4_k_m", "rtx3090-pcie4")
     with seeded_rng("reroute-batch", eviction) as rng:
         routing = scored_routing(rng, 48, 2, 12, 3, 8, n_seq=5)
     L = routing.n_layers
-    p = dataclasses.replace(base, s_dense=0.01 * L, s_dense_per_seq=0.0, s_expert_vram=0.002, s_fetch_ram=0.05,
-                            s_fetch_nvme=0.2, s_copy_link=0.04, s_copy_nvme=0.15, s_writeback=0.003,
-                            ram_expert_capacity=10 ** 6, unified=False, s_router_sync=0.001)
-    cost = dict.fromkeys(COST_KEYS, 0.0) | {
-        "dense_layer": p.s_dense / L, "vram": p.s_expert_vram, "fetch_ram": p.s_fetch_ram,
-        "fetch_nvme": p.s_fetch_nvme, "copy_ram": p.s_copy_link, "copy_nvme": p.s_copy_nvme,
-        "writeback": p.s_writeback, "router_sync": p.s_router_sync}
+    p, cost = _clock(L)
     for i, (rule, miss) in enumerate(itertools.product(["bias:0.5", "keep:1", "keep:0"], MISSES)):
         config = SimConfig(eviction=eviction, miss=miss, slots=[3, 5][i % 2], reroute=rule, batch=[2, 3][i % 2],
                            reroute_resident=["cache", "recent:2"][(i // 2) % 2],
