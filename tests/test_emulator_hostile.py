@@ -45,7 +45,9 @@ def test_the_documented_default_grid_pipeline_runs(model, tmp_path):
     notes = [x for x in res.stderr.splitlines() if x.startswith("note:")]
     assert len(notes) == 1 and "left out the grid's 3 prefetch configs" in notes[0], res.stderr
     rows = pl.read_parquet(q)
-    assert rows.height == 37 and rows["label"].str.contains("pf ").sum() == 0
+    # 37 policies and the default grid's 8 reroute variants (lru and freq x bias 0.1 / 0.25 / 0.5, keep:2)
+    assert rows.height == 45 and rows["label"].str.contains("pf ").sum() == 0
+    assert rows["reroute"].is_not_null().sum() == 8
 
 
 def test_window_zero_is_refused(model):
