@@ -22,7 +22,8 @@ def trace(tmp_path_factory):
 @pytest.fixture(scope="module")
 def swept(trace, tmp_path_factory):
     out = tmp_path_factory.mktemp("ci-out") / "r.parquet"
-    res = run_cli("sweep", trace, "--budget", "0.25", "--ci", "95", "-o", out, "--jobs", "1")
+    # in sample (--holdout 0): every one of the 4 sequences is a resampling unit
+    res = run_cli("sweep", trace, "--budget", "0.25", "--ci", "95", "-o", out, "--jobs", "1", "--holdout", "0")
     return out, res
 
 
@@ -93,7 +94,7 @@ def test_resume_adds_intervals_and_relevels_without_replaying(trace, tmp_path):
 
 def test_csv_json_markdown_latex_carry_the_intervals(swept, trace):
     out, _ = swept
-    args = ["sweep", trace, "--budget", "0.25", "-o", out]
+    args = ["sweep", trace, "--budget", "0.25", "-o", out, "--holdout", "0"]
     csv_text = run_cli(*args, "--format", "csv").stdout
     head = csv_text.splitlines()[0].split(",")
     assert "hit_rate_low" in head and "speedup_high" in head and "ci_unit_sums" not in head
