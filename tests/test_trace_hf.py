@@ -40,10 +40,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def texts(tmp_path_factory):
-    d = tmp_path_factory.mktemp("texts")
-    (d / "prose.txt").write_text(tiny_moe.PROSE)
-    (d / "code.txt").write_text(tiny_moe.CODE)
-    return [str(d / "prose.txt"), str(d / "code.txt")]
+    return [str(p) for p in tiny_moe.write_texts(tmp_path_factory.mktemp("texts"))]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
