@@ -2,14 +2,15 @@
 
     python benchmarks/compile_time.py [--evictions lru,lfu,...] [--skip-commands]
 
-For every kernel variant (simulator/kernels.py: plain per eviction, the ext kernel with one
-eviction's compiled hooks) a fresh process with an empty cache directory compiles it alone: CPU seconds
-(user + system of that process), wall seconds, and the bytes it wrote to the cache; then a second fresh
-process loads it from that cache (wall). Then the kernels the README's default sweep needs, compiled
-together in one process from an empty cache (what a fresh install pays before the first table), and the
-two commands end to end from an empty cache: ``moesim simulate TRACE -e lru -m fetch-all --budget 0.25``
-and ``moesim sweep TRACE --budget 0.25`` (CPU of the command and its children). Numbers move with the
-machine's load; run it on a quiet machine and compare runs side by side.
+For every kernel variant (simulator/kernels.py: plain per eviction, the ext and engine kernels with one
+eviction's hooks, and the generic ext kernel with each step rule, simulator/paths.py) a fresh process with
+an empty cache directory compiles it alone: CPU seconds (user + system of that process), wall seconds, and
+the bytes it wrote to the cache; then a second fresh process loads it from that cache (wall). Then the
+kernels the README's default sweep needs, compiled together in one process from an empty cache (what a
+fresh install pays before the first table), and the two commands end to end from an empty cache:
+``moesim simulate TRACE -e lru -m fetch-all --budget 0.25`` and ``moesim sweep TRACE --budget 0.25`` (CPU
+of the command and its children). Numbers move with the machine's load; run it on a quiet machine and
+compare runs side by side.
 """
 
 from __future__ import annotations
@@ -81,26 +82,28 @@ def main():
                     help="the evictions whose variants are measured one by one")
     ap.add_argument("--skip-commands", action="store_true", help="leave out the two commands end to end")
     args = ap.parse_args()
-    from moesim.simulator.kernels import FAMILIES, variant
+    from moesim.policies.registry import GENERIC
+    from moesim.simulator.kernels import FAMILIES, Variant, variant
+    from moesim.simulator.paths import STEP_RULES
 
     print(f"load average {os.getloadavg()[0]:.1f}; every row from an empty numba cache in a fresh process")
-    print(f"{'variant':26} {'CPU s':>7} {'wall s':>7} {'cache KB':>9} {'load s':>7}")
+    print(f"{'variant':34} {'CPU s':>7} {'wall s':>7} {'cache KB':>9} {'load s':>7}")
     rows = []
-    for ev in args.evictions.split(","):
-        for family in FAMILIES:
-            v = tuple(variant(ev, family))
-            with tempfile.TemporaryDirectory() as d:
-                r = _compile([v], Path(d))
-                size = _bytes(Path(d))
-                load = _compile([v], Path(d))["wall_s"]
-            rows.append(dict(variant=f"{family} {v[1]}", size_kb=size / 1024, load_s=load, **r))
-            print(f"{family + ' ' + v[1]:26} {r['cpu_s']:7.1f} {r['wall_s']:7.1f} {size / 1024:9.0f} {load:7.2f}",
-                  flush=True)
+    todo = [tuple(variant(ev, family)) for ev in args.evictions.split(",") for family in FAMILIES]
+    todo += [tuple(Variant("ext", GENERIC, step)) for step in STEP_RULES if step != "none"]  # a kernel + its rule
+    for v in todo:
+        with tempfile.TemporaryDirectory() as d:
+            r = _compile([v], Path(d))
+            size = _bytes(Path(d))
+            load = _compile([v], Path(d))["wall_s"]
+        name = f"{v[0]} {v[1]}" + (f" + {v[2]}" if v[2] != "none" else "")
+        rows.append(dict(variant=name, size_kb=size / 1024, load_s=load, **r))
+        print(f"{name:34} {r['cpu_s']:7.1f} {r['wall_s']:7.1f} {size / 1024:9.0f} {load:7.2f}", flush=True)
     sweep = default_sweep_variants()
     with tempfile.TemporaryDirectory() as d:
         r = _compile(sweep, Path(d))
         size = _bytes(Path(d))
-    names = ", ".join(sorted({f"{f} {h}" for f, h in sweep}))
+    names = ", ".join(sorted({f"{f} {h}" + (f" + step rule {st}" if st != "none" else "") for f, h, st in sweep}))
     print(f"the default sweep's {len(sweep)} kernels together ({names}): {r['cpu_s']:.1f} s CPU, "
           f"{r['wall_s']:.1f} s wall, {size / 1024:.0f} KB")
     if args.skip_commands:

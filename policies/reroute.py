@@ -15,6 +15,7 @@ NONE, BIAS, KEEP = range(3)
 # what counts as resident (--reroute-resident)
 RESIDENT_CACHE, RESIDENT_RECENT = range(2)
 WEIGHTS = ("original", "biased")
+NEVER_USED = -(1 << 62)  # the kernels' State.last_req of an expert not requested since the last reset
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ from moesim.simulator.counters import (
 )
 from moesim.simulator.kernels import Variant, variant
 from moesim.simulator.prefetch_state import N_PF_SCAL
-from moesim.simulator.reroute import NEVER_USED
 from moesim.traces.routing import Routing
 
 
@@ -341,7 +340,8 @@ def policy_state(source: Any, config: SimConfig, cost: Any, warmup: int) -> tupl
                   pf_prev=np.full((L, source.top_k) if n_pf else (0, 0), -1, np.int16),
                   pf_scal=np.zeros(N_PF_SCAL, np.int64), pf_score=np.zeros(E if n_pf else 0, np.float64),
                   pf_pick=np.zeros(E if n_pf else 0, np.int64), spin=np.full((n_obj, 2), -1.0, np.float64),
-                  last_req=np.full(n_obj, NEVER_USED, np.int64), **row_state(source.top_k, source.n_candidates))
+                  last_req=np.full(n_obj, reroute_mod.NEVER_USED, np.int64),
+                  **row_state(source.top_k, source.n_candidates))
     return policy, setup, state, slots, ram_cap
 
 
@@ -444,7 +444,15 @@ def upload_cap(config: SimConfig, cost: Any) -> int:
 def variant_of(config: SimConfig, cost: Any, generic: bool = False) -> Variant:
     """The kernel a replay of ``config`` (priced by ``cost`` or not) runs;
     ``generic``: the kernel a sweep runs it on (ext at least)."""
-    return variant(config.eviction_name, family_of(config, cost, generic))
+    family = family_of(config, cost, generic)
+    return variant(config.eviction_name, family, step_rule_of(config) if family != "plain" else "none")
+
+
+def step_rule_of(config: SimConfig) -> str:
+    """The step rule of a replay of ``config`` (simulator/paths.py STEP_RULES): a batch reroutes each member."""
+    if config.reroute is None:
+        return "none"
+    return "reroute-batched" if config.batch > 1 else "reroute"
 
 
 def family_of(config: SimConfig, cost: Any, generic: bool = False) -> str:

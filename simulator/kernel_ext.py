@@ -1,12 +1,14 @@
 """The ext replay: every miss policy, background admission, prefetch, the overlapped clock, the engine's
 step semantics (--step-pin, --max-uploads), the low-bit tier and the step seam. A template that
-simulator/kernels.py compiles per eviction policy: the policy's hooks are inlined where requests hit and
-fetch (HIT, INSERT), and arrive as function pointers too (``hit``, ``insert``, ``rekey``: policies/hooks.py
-``compiled``) for the rarer paths (simulator/miss_paths.py, copyqueue.py, prefetch.py, step_pin.py), which
-are compiled once for every policy. So the part compiled per policy is this loop and nothing else.
+simulator/kernels.py compiles per eviction policy: the policy's hit hook is inlined where requests hit (HIT),
+its compiled insert hook called where they are fetched (INSERT), and the hooks arrive as function pointers
+too (``hit``, ``insert``, ``rekey``: policies/hooks.py ``compiled``) for the rarer paths, which arrive as
+function pointers themselves (``step_rule`` ... ``apply_pins``: simulator/paths.py), compiled once for every
+kernel. So the part compiled per policy is this loop and nothing else.
 
 Each step's selection is copied into the state's step row (State.row, row_w, row_wm) before its requests
-are handled: the seam where a step policy may rewrite which experts the step runs and their weights.
+are handled: the seam where the replay's step rule (``step_rule``, set when ``policy.step`` is) may rewrite
+which experts the step runs and their weights.
 
 The semantics are docs/replay-semantics.md's; tests/reference_replay.py is the slow reference this
 kernel matches count for count, second for second.
@@ -20,10 +22,8 @@ from moesim.policies import miss
 from moesim.policies import prefetch as pfp
 from moesim.policies import reroute as reroute_mod
 from moesim.policies.structures import CAP, EXTRA_EVICTIONS, LASTREQ, MARK, NREQ, QUEUED, REQS, RES, SCORE
-from moesim.simulator import overlap, reroute
-from moesim.simulator import prefetch as pfm
+from moesim.simulator import overlap
 from moesim.simulator import step_pin as pin
-from moesim.simulator.copyqueue import land, upload
 from moesim.simulator.counters import (
     ADMISSIONS,
     CAPPED,
@@ -53,31 +53,21 @@ from moesim.simulator.counters import (
     S_WRITEBACK,
 )
 from moesim.simulator.host_ram import from_nvme
-from moesim.simulator.miss_paths import (
-    admit_engine,
-    cpu_run,
-    layer_cold,
-    lose,
-    lowbit_fetch,
-    pinned_hits,
-    sync_fetch,
-    tier_run,
-)
-from moesim.simulator.pin_events import apply as apply_pins
+from moesim.simulator.miss_paths import admit_engine, layer_cold, lowbit_fetch, pinned_hits, sync_fetch, tier_run
 from moesim.simulator.pin_events import first_event
 from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE
 from moesim.simulator.prefetch_state import reset as pf_reset
-from moesim.simulator.reroute import NEVER_USED
-from moesim.simulator.reset import clocked, first_ticks, reset_state
+from moesim.simulator.reset import clocked, first_ticks
 
-# Bound per specialization (simulator/kernels.py): the inlinable hooks, of a custom policy or of every structure
-# kind (policies/kinds.py). The template is never compiled itself.
+# Bound per specialization (simulator/kernels.py): the inlinable hit hook and the compiled insert hook, of a custom
+# policy or of every structure kind (policies/kinds.py). The template is never compiled itself.
 HIT: Any = None
 INSERT: Any = None
 ENGINE = True  # the engine family: --step-pin, --max-uploads and the low-bit paths compiled in (else left out)
 
 
-def replay(steps, policy, setup, state, out, hit, insert, rekey):
+def replay(steps, policy, setup, state, out, hit, insert, rekey, step_rule, prefetch, late_hit, lose, cpu_run, land,
+           upload, reset_state, apply_pins):
     """Replay the tokens of ``steps`` (tokens steps.t0 .. steps.t0 + T - 1 of the trace; simulator/args.py
     names every array) continuing from ``state``: a whole trace in one call, or a streamed trace chunk by
     chunk with the same state. Adds counters into out.layer_counts/layer_mass (tokens from
@@ -158,7 +148,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 pf_reset(pf, state.pf_scal)
             if recent:
                 for o in range(n_obj):
-                    last_req[o] = NEVER_USED
+                    last_req[o] = reroute_mod.NEVER_USED
             if adm_w > 0:  # second-touch forgets the requests before the reset (the pools' counts are reset)
                 for o in range(n_obj):
                     fo[o, LASTREQ] = -1.0
@@ -205,7 +195,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                 lk0 = now
             cpu_end = now  # cpu_ov: the host's timeline from the router decision
             if rerouting:  # the step seam: a step policy rewrites the row from the step's candidate scores
-                n_rr, displaced, changed = reroute.select(policy, steps, state, fo, t, l, base, tg, rekey, pool)
+                n_rr, displaced, changed = step_rule(policy, steps, state, fo, t, l, base, tg, rekey, pool)
                 if n_rr:  # the router's experts rerouted away lose their gate mass, as substituted ones do
                     smass += displaced
                     tok_counts[REROUTED, t] += n_rr
@@ -278,7 +268,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
                     continue
                 if prefetching and pf[o] == PF_INFLIGHT:  # its prefetch is still in flight: wait for it
                     n_hit += 1
-                    v, now, h, m_link, stall, link_free = pfm.late_hit(
+                    v, now, h, m_link, stall, link_free = late_hit(
                         insert, prm, pool, o, tick, t, l, t_r, ov, now, h, m_link, stall, link_free, timed, s_vram,
                         s_writeback, ob, fo, po, heap, state.pf, state.pf_t, tok_counts, layer_counts, counting)
                     n_evict += v
@@ -376,7 +366,7 @@ def replay(steps, policy, setup, state, out, hit, insert, rekey):
             if timed and ran_cpu:
                 now += s_handoff
             if prefetching:
-                link_free = pfm.issue(policy, steps, setup, state, t, l, t_r, link_free, tiered, timed, tok_counts,
+                link_free = prefetch(policy, steps, setup, state, t, l, t_r, link_free, tiered, timed, tok_counts,
                                       layer_counts, counting)
             if ov:
                 now, stall = overlap.finish(ov, now, m_link, s_vram, h, h0, link_free, stall)

@@ -2,13 +2,14 @@
 
 - ``plain`` (simulator/kernel_plain.py): fetch-all without engine features, compiled per eviction policy
   with its hooks inlined where requests are handled.
-- ``ext`` and ``engine`` (simulator/kernel_ext.py): every miss policy, admission, prefetch and the overlapped
-  clock; ``engine`` also --step-pin, --max-uploads and the low-bit paths. One kernel serves every policy
-  kept in a shared structure (lists, heaps, keyed heaps; pinned placements: policies/kinds.py), each
-  structure inlined where requests hit and fetch; a custom policy (arc, s3fifo, sieve, clock, ...) gets an
-  ext kernel of its own with its hooks inlined. The rarer paths are shared by every kernel (compiled once)
-  and take the hooks as function pointers (policies/hooks.py ``compiled``: a call through one costs ~40 ns,
-  so the hot path never does).
+- ``ext`` and ``engine`` (simulator/kernel_ext.py): every miss policy, admission, prefetch, the step seam and
+  the overlapped clock; ``engine`` also --step-pin, --max-uploads and the low-bit paths. One kernel serves
+  every policy kept in a shared structure (lists, heaps, keyed heaps; pinned placements: policies/kinds.py),
+  each structure inlined where requests hit; a custom policy (arc, s3fifo, sieve, clock, ...) gets an ext
+  kernel of its own with its hit hook inlined. Insertions call the policy's compiled insert hook. The rarer
+  paths (simulator/paths.py: the step rule, prefetch, substitution, copies, resets) are compiled once for
+  every kernel and passed in as function pointers, as are the hooks they call (policies/hooks.py
+  ``compiled``: a call through a pointer costs ~40 ns, so the hit path never makes one).
 
 Sweeps run every config on the ext kernels (``generic=True``): the default grid needs one kernel.
 Each kernel and each policy's compiled hooks are cached on disk in their component's directory
@@ -24,7 +25,7 @@ from typing import NamedTuple
 from moesim.jitcache import compile_notice, quiet_numba, specialize
 from moesim.policies import registry
 from moesim.policies.hooks import HIT_T, INSERT_T, REKEY_T
-from moesim.simulator import kernel_ext, kernel_plain
+from moesim.simulator import kernel_ext, kernel_plain, paths
 
 FAMILIES = ("plain", "ext", "engine")
 
@@ -32,21 +33,27 @@ FAMILIES = ("plain", "ext", "engine")
 class Variant(NamedTuple):
     family: str    # one of FAMILIES
     hook_set: str  # policies.registry Eviction.hook_set: the policy whose hooks it runs ("pinned": none)
+    step: str = "none"  # the step rule an ext or engine kernel is given (simulator/paths.py STEP_RULES)
 
     @property
     def name(self) -> str:
         return "_".join(("replay", self.family, re.sub(r"\W", "_", self.hook_set)))
 
 
-def variant(eviction: str, family: str) -> Variant:
-    """The kernel of ``family`` (simulator/args.py family_of) that replays ``eviction``."""
+def variant(eviction: str, family: str, step: str = "none") -> Variant:
+    """The kernel of ``family`` (simulator/args.py family_of) that replays ``eviction`` (with the step rule
+    ``step``: an ext or engine kernel's)."""
     ev = registry.get(eviction)
-    return Variant(family, ev.ext_hook_set if family in ("ext", "engine") else ev.hook_set)
+    if family in ("ext", "engine"):
+        return Variant(family, ev.ext_hook_set, step)
+    return Variant(family, ev.hook_set)
 
 
 def every_variant() -> list[Variant]:
     """Every kernel of every eviction policy (what a test session or a warm-up compiles)."""
-    return list(dict.fromkeys(variant(e.name, f) for e in registry.EVICTIONS for f in FAMILIES))
+    every = [variant(e.name, f) for e in registry.EVICTIONS for f in FAMILIES]
+    every += [Variant("ext", registry.GENERIC, step) for step in paths.STEP_RULES]  # each step rule compiled
+    return list(dict.fromkeys(every))
 
 
 def _policy_of(hook_set: str) -> registry.Eviction:
@@ -64,18 +71,21 @@ def _signature():
 
     from moesim.simulator.args import tiny_args
 
-    return numba.types.none(*(numba.typeof(g) for g in tiny_args("lru", "ext")), HIT_T, INSERT_T, REKEY_T)
+    return numba.types.none(*(numba.typeof(g) for g in tiny_args("lru", "ext")), HIT_T, INSERT_T, REKEY_T,
+                            *paths.pointer_types())
 
 
 @functools.cache
-def _ext(v: Variant):
-    if v.hook_set == registry.GENERIC:
+def _ext(family: str, hook_set: str):
+    if hook_set == registry.GENERIC:
         h, modules = registry.generic_hooks(), registry.generic_modules()
     else:
-        ev = _policy_of(v.hook_set)
+        ev = _policy_of(hook_set)
         h, modules = ev.hooks(), ev.hook_modules
-    return specialize(kernel_ext.replay, v.name, dict(HIT=h.hit, INSERT=h.insert, ENGINE=v.family == "engine"), modules,
-                      sig=_signature(), _nrt=False)
+    # the insert hook called, not inlined: per miss, and its inlined copy cost ~1.5 s of every kernel's compile
+    bindings = dict(HIT=h.hit, INSERT=registry.compiled_hooks(hook_set).insert, ENGINE=family == "engine")
+    return specialize(kernel_ext.replay, Variant(family, hook_set).name, bindings, modules, sig=_signature(),
+                      _nrt=False)
 
 
 @functools.cache
@@ -101,7 +111,7 @@ def ensure(variants) -> None:
 
     with compile_notice("the replay kernels" if len(todo) > 1 else "the replay kernel"), quiet_numba():
         for v in todo:
-            run(v, tiny_args(_policy_of(v.hook_set).name, v.family), check=False)
+            run(v, tiny_args(_policy_of(v.hook_set).name, v.family), check=False)  # (the step rule: compiled only)
             _ready.add(v)
 
 
@@ -110,7 +120,7 @@ def run(v: Variant, args, check: bool = True) -> None:
     if check and v not in _ready:
         ensure((v,))
     if v.family in ("ext", "engine"):
-        _ext(v)(*args, *registry.compiled_hooks(v.hook_set))
+        _ext(v.family, v.hook_set)(*args, *registry.compiled_hooks(v.hook_set), *paths.pointers(v.step))
     else:
         _plain(v)(*args)
 
@@ -119,5 +129,5 @@ def kernel(v: Variant):
     """A callable running the kernel of ``v`` on a replay's arguments (compiled already: for timing loops)."""
     if v.family not in ("ext", "engine"):
         return _plain(v)
-    fn, hooks = _ext(v), registry.compiled_hooks(v.hook_set)
-    return lambda *args: fn(*args, *hooks)
+    fn, pointers = _ext(v.family, v.hook_set), (*registry.compiled_hooks(v.hook_set), *paths.pointers(v.step))
+    return lambda *args: fn(*args, *pointers)

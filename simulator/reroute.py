@@ -1,6 +1,7 @@
-"""The step seam's rule: rerouting (--reroute bias:λ | keep:J) rewrites a step's row before its requests are
-handled (docs/replay-semantics.md, "Rerouting"; the records and parsing are policies/reroute.py). Called by the
-ext kernel once per step, out of line; tests/reference_replay.py has the same rule."""
+"""The step seam's rules: rerouting (--reroute bias:λ | keep:J) rewrites a step's row before its requests are
+handled (docs/replay-semantics.md, "Rerouting"; the records and parsing are policies/reroute.py). The ext kernels
+call the replay's rule once per step through a pointer (simulator/paths.py STEP_RULES): ``select`` for a trace's
+steps, ``select_union`` for a batch's; tests/reference_replay.py has the same rule."""
 
 import math
 
@@ -9,8 +10,6 @@ import numpy as np
 from moesim.jitcache import cached_njit
 from moesim.policies.reroute import BIAS, RESIDENT_CACHE
 from moesim.policies.structures import NREQ, RES
-
-NEVER_USED = -(1 << 62)  # State.last_req of an expert not requested since the last reset
 
 
 @cached_njit(_nrt=False)
@@ -114,14 +113,18 @@ def choose(policy, sel, cand, logits, score, t, l, state, base, tg):
 
 
 @cached_njit(_nrt=False)
+def keep_row(policy, steps, state, fo, t, l, base, tg, rekey, pool):
+    """No step policy: the router's row as it is (the step rules' signature; simulator/paths.py)."""
+    _router_row(steps, state, t, l)
+    return 0, 0.0, 0
+
+
+@cached_njit(_nrt=False)
 def select(policy, steps, state, fo, t, l, base, tg, rekey, pool):
     """Rewrite the step row (state.row, row_w, row_wm, row_next) of step (t, l) of token tg. Returns (requests
-    rerouted in, the router's gate mass rerouted away, steps whose first choice changed). ``rekey``: the policy's hook,
-for a resident expert whose next request moved (``pool`` its pool); a step whose set of
-    experts does not change gets the router's row as it is, and (0, 0.0, 0). A batched step (steps.members) is
-    the union of its members' rerouted rows."""
-    if steps.members.shape[0]:
-        return _select_union(policy, steps, state, fo, t, l, base, tg, rekey, pool)
+    rerouted in, the router's gate mass rerouted away, steps whose first choice changed). ``rekey``: the policy's
+    hook, for a resident expert whose next request moved (``pool`` its pool); a step whose set of experts does not
+    change gets the router's row as it is, and (0, 0.0, 0). A batched step is ``select_union``'s."""
     sel, w, cand, next_req = steps.sel, steps.w, steps.cand, steps.next_req
     row, row_w, row_wm, row_next = state.row, state.row_w, state.row_wm, state.row_next
     k = sel.shape[2]
@@ -179,7 +182,7 @@ def _router_row(steps, state, t, l):
 
 
 @cached_njit(_nrt=False)
-def _select_union(policy, steps, state, fo, t, l, base, tg, rekey, pool):
+def select_union(policy, steps, state, fo, t, l, base, tg, rekey, pool):
     """A batched step: each live member's row rerouted on its own (residency as at the step's start), then their
     union as simulator/batch.py takes it (best rank, then the larger weight, then the lower id; the miss policy
     reads the largest member weight, a substitution loses their sum). Counters per member: requests rerouted in,
