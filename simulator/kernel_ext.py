@@ -1,10 +1,10 @@
 """The ext replay: every miss policy, background admission, prefetch, the overlapped clock, the engine's
 step semantics (--step-pin, --max-uploads), the low-bit tier and the step seam. A template that
-simulator/kernels.py compiles per eviction policy: the policy's hit hook is inlined where requests hit (HIT),
-its compiled insert hook called where they are fetched (INSERT), and the hooks arrive as function pointers
-too (``hit``, ``insert``, ``rekey``: policies/hooks.py ``compiled``) for the rarer paths, which arrive as
-function pointers themselves (``step_rule`` ... ``apply_pins``: simulator/paths.py), compiled once for every
-kernel. So the part compiled per policy is this loop and nothing else.
+simulator/kernels.py compiles per eviction policy: the policy's hooks are inlined where requests hit (HIT)
+and are fetched (INSERT; of the structure kinds only a list's insertion, the others called), and arrive as
+function pointers too (``hit``, ``insert``, ``rekey``: policies/hooks.py ``compiled``) for the rarer paths,
+which arrive as function pointers themselves (``step_rule`` ... ``apply_pins``: simulator/paths.py), compiled
+once for every kernel. So the part compiled per policy is this loop and nothing else.
 
 Each step's selection is copied into the state's step row (State.row, row_w, row_wm) before its requests
 are handled: the seam where the replay's step rule (``step_rule``, set when ``policy.step`` is) may rewrite
@@ -59,8 +59,8 @@ from moesim.simulator.prefetch_state import PF_INFLIGHT, PF_LANDED, PF_NONE
 from moesim.simulator.prefetch_state import reset as pf_reset
 from moesim.simulator.reset import clocked, first_ticks
 
-# Bound per specialization (simulator/kernels.py): the inlinable hit hook and the compiled insert hook, of a custom
-# policy or of every structure kind (policies/kinds.py). The template is never compiled itself.
+# Bound per specialization (simulator/kernels.py): the inlinable hooks, of a custom policy or of every structure
+# kind (policies/kinds.py). The template is never compiled itself.
 HIT: Any = None
 INSERT: Any = None
 ENGINE = True  # the engine family: --step-pin, --max-uploads and the low-bit paths compiled in (else left out)

@@ -5,8 +5,9 @@
 - ``ext`` and ``engine`` (simulator/kernel_ext.py): every miss policy, admission, prefetch, the step seam and
   the overlapped clock; ``engine`` also --step-pin, --max-uploads and the low-bit paths. One kernel serves
   every policy kept in a shared structure (lists, heaps, keyed heaps; pinned placements: policies/kinds.py),
-  each structure inlined where requests hit; a custom policy (arc, s3fifo, sieve, clock, ...) gets an ext
-  kernel of its own with its hit hook inlined. Insertions call the policy's compiled insert hook. The rarer
+  each structure inlined where requests hit, a list's insertion inlined and the other structures' called
+  (policies/kinds.py kernel_insert); a custom policy (arc, s3fifo, sieve, clock, ...) gets an ext kernel of
+  its own with its hooks inlined. The rarer
   paths (simulator/paths.py: the step rule, prefetch, substitution, copies, resets) are compiled once for
   every kernel and passed in as function pointers, as are the hooks they call (policies/hooks.py
   ``compiled``: a call through a pointer costs ~40 ns, so the hit path never makes one).
@@ -23,7 +24,7 @@ import re
 from typing import NamedTuple
 
 from moesim.jitcache import compile_notice, quiet_numba, specialize
-from moesim.policies import registry
+from moesim.policies import kinds, registry
 from moesim.policies.hooks import HIT_T, INSERT_T, REKEY_T
 from moesim.simulator import kernel_ext, kernel_plain, paths
 
@@ -79,11 +80,12 @@ def _signature():
 def _ext(family: str, hook_set: str):
     if hook_set == registry.GENERIC:
         h, modules = registry.generic_hooks(), registry.generic_modules()
+        insert = kinds.kernel_insert(registry.compiled_hooks(hook_set).insert)
     else:
         ev = _policy_of(hook_set)
         h, modules = ev.hooks(), ev.hook_modules
-    # the insert hook called, not inlined: per miss, and its inlined copy cost ~1.5 s of every kernel's compile
-    bindings = dict(HIT=h.hit, INSERT=registry.compiled_hooks(hook_set).insert, ENGINE=family == "engine")
+        insert = h.insert
+    bindings = dict(HIT=h.hit, INSERT=insert, ENGINE=family == "engine")
     return specialize(kernel_ext.replay, Variant(family, hook_set).name, bindings, modules, sig=_signature(),
                       _nrt=False)
 
