@@ -7,10 +7,10 @@
   every policy kept in a shared structure (lists, heaps, keyed heaps; pinned placements: policies/kinds.py),
   each structure inlined where requests hit, a list's insertion inlined and the other structures' called
   (policies/kinds.py kernel_insert); a custom policy (arc, s3fifo, sieve, clock, ...) gets an ext kernel of
-  its own with its hooks inlined. The rarer
-  paths (simulator/paths.py: the step rule, prefetch, substitution, copies, resets) are compiled once for
-  every kernel and passed in as function pointers, as are the hooks they call (policies/hooks.py
-  ``compiled``: a call through a pointer costs ~40 ns, so the hit path never makes one).
+  its own with its hooks inlined. The rarer paths (simulator/paths.py: the step rule, prefetch,
+  substitution, copies, resets) are compiled once for every kernel and passed in as function pointers, as
+  are the hooks they call (policies/hooks.py ``compiled``: a call through a pointer costs ~40 ns, so the
+  hit path never makes one).
 
 Sweeps run every config on the ext kernels (``generic=True``): the default grid needs one kernel.
 Each kernel and each policy's compiled hooks are cached on disk in their component's directory
@@ -113,7 +113,8 @@ def ensure(variants) -> None:
 
     with compile_notice("the replay kernels" if len(todo) > 1 else "the replay kernel"), quiet_numba():
         for v in todo:
-            run(v, tiny_args(_policy_of(v.hook_set).name, v.family), check=False)  # (the step rule: compiled only)
+            # compiles the kernel and v's step rule (the one-token replay never calls the rule)
+            run(v, tiny_args(_policy_of(v.hook_set).name, v.family), check=False)
             _ready.add(v)
 
 

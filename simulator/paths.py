@@ -84,8 +84,10 @@ def pointer_types() -> tuple:
     return (_compiled(STEP_RULES["none"]), *(_compiled(fn) for fn in PATHS))
 
 
+@functools.cache
 def pointers(step: str = "none") -> tuple:
-    """The step rule ``step`` and the paths, compiled, in the kernels' parameter order."""
+    """The step rule ``step`` and the paths, compiled, in the kernels' parameter order (once a process: every
+    replay, and every chunk of a streamed one, passes the same tuple)."""
     rule = STEP_RULES[step]
     if _compiled(rule) != _compiled(STEP_RULES["none"]):
         raise TypeError(f"step rule {step!r} does not have the step rules' signature")
